@@ -1,0 +1,1 @@
+"""The `lpt` command line: thin click wrappers over the `lpt` library."""

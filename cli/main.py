@@ -1,0 +1,119 @@
+"""`lpt`: the command line. Every command only parses arguments, calls the library and formats."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import lpt
+
+console = Console()
+
+
+def _one_line_errors(command):
+    """Turn lpt's errors (and anything unexpected) into one line on stderr and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        debug = click.get_current_context().find_root().params.get("debug")
+        try:
+            return command(*args, **kwargs)
+        except lpt.LptError as err:
+            click.echo(f"error: {err}", err=True)
+        except Exception as err:  # noqa: BLE001 - the CLI promises no tracebacks
+            if debug:
+                raise
+            click.echo(f"error: {type(err).__name__}: {err} (rerun with --debug for the traceback)", err=True)
+        sys.exit(1)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(lpt.__version__, prog_name="lpt")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logging.")
+def main(debug: bool) -> None:
+    """lpt: OpenVINO-style int8 quantization for ONNX models.
+
+    \b
+    Examples:
+      lpt inspect models/digits_cnn.ort_qdq.onnx      what is fake-quantized, and how
+      lpt normalize models/digits_cnn.ov_fq.onnx -o digits_qdq.onnx
+    """
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
+@_one_line_errors
+def inspect(model: Path, as_json: bool) -> None:
+    """Show MODEL's ops, its fake-quantized tensors, and heavy ops left in float.
+
+    Any FakeQuantize-equivalent form is recognized: QuantizeLinear/DequantizeLinear pairs,
+    OpenVINO's FakeQuantize, arithmetic chains, QLinearConv/QLinearMatMul, ConvInteger.
+
+    \b
+    Example:
+      lpt inspect models/digits_cnn.ort_qdq.onnx
+      lpt inspect models/digits_cnn.ort_qdq.onnx --json > summary.json
+    """
+    summary = lpt.summarize(lpt.load(model))
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+        return
+    ops = Table(title=f"{model.name}: ops", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, count in summary.op_counts.items():
+        ops.add_row(op, str(count))
+    console.print(ops)
+    fqs = Table(title=f"fake-quantized tensors ({len(summary.fake_quantized)})", title_justify="left")
+    for column in ("tensor", "kind", "levels", "dtype", "granularity", "range", "symmetric", "semantics"):
+        fqs.add_column(column)
+    for t in summary.fake_quantized:
+        fqs.add_row(t.tensor, t.kind, str(t.levels), t.dtype, t.granularity, f"[{t.low:.4g}, {t.high:.4g}]",
+                    "yes" if t.symmetric else "no", t.semantics)
+    console.print(fqs)
+    if summary.unquantized:
+        left = Table(title="quantizable ops without quantized inputs", title_justify="left")
+        for column in ("node", "op", "why"):
+            left.add_column(column)
+        for u in summary.unquantized:
+            left.add_row(u.node, u.op_type, u.reason)
+        console.print(left)
+    else:
+        console.print("every Conv/ConvTranspose/MatMul/Gemm reads fake-quantized inputs")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the model.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+@_one_line_errors
+def normalize(model: Path, output: Path, force: bool) -> None:
+    """Load MODEL, normalize its FakeQuantize forms, and save it as standard ONNX.
+
+    QDQ-semantics fake quantization is written as QuantizeLinear/DequantizeLinear (bit-exact),
+    everything else as OpenVINO's FakeQuantize op.
+
+    \b
+    Example:
+      lpt normalize models/digits_cnn.ort_qdq.onnx -o digits_normalized.onnx
+    """
+    if output.resolve() == model.resolve():
+        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
+    normalized = lpt.load(model)
+    lpt.save(normalized, output, overwrite=force)
+    click.echo(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Writing lpt's graphs back as standard ONNX."""

@@ -1,0 +1,1 @@
+"""Graph-level building blocks shared by the loaders, transformations and export."""

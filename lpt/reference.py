@@ -1,0 +1,38 @@
+"""Run any model lpt reads, FakeQuantize nodes included, with ONNX's reference evaluator.
+
+Slow but obvious: this is the float simulation that lpt's normalization and transformations
+are checked against where onnxruntime cannot run the model (lpt's or OpenVINO's FakeQuantize).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from lpt.graph.fake_quantize_op import DOMAIN, OPENVINO_DOMAIN, FakeQuantize
+
+
+def _run_fake_quantize(self, x, input_low, input_high, output_low, output_high, scale=None, zero_point=None,
+                       levels=None, axis=None):
+    if scale is not None:
+        fq = FakeQuantize(input_low, input_high, output_low, output_high, levels, scale, zero_point,
+                          1 if axis is None else axis)
+    else:
+        fq = FakeQuantize(input_low, input_high, output_low, output_high, levels)
+    return (fq.apply(x),)
+
+
+_OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
+        for domain in (DOMAIN, OPENVINO_DOMAIN)]
+
+
+def run_reference(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray],
+                  outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Outputs (by name) of `model` on `feeds`, FakeQuantize nodes evaluated with their own semantics."""
+    proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
+    evaluator = ReferenceEvaluator(proto, new_ops=_OPS)
+    names = outputs or [o.name for o in proto.graph.output]
+    return dict(zip(names, evaluator.run(names, feeds)))
