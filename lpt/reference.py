@@ -13,6 +13,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from lpt.graph.fake_quantize_op import DOMAIN, OPENVINO_DOMAIN, FakeQuantize
+from lpt.numerics import fake_quantize_levels
+from lpt.numerics.levels import level_range
 
 
 def _run_fake_quantize(self, x, input_low, input_high, output_low, output_high, scale=None, zero_point=None,
@@ -25,8 +27,16 @@ def _run_fake_quantize(self, x, input_low, input_high, output_low, output_high, 
     return (fq.apply(x),)
 
 
+def _run_quantize(self, x, input_low, input_high, levels=None, to=None):
+    signed = ir.DataType(to) == ir.DataType.INT8
+    qmin, _ = level_range(levels, signed)
+    q = fake_quantize_levels(x, input_low, input_high, levels).astype(np.int32) + qmin
+    return (q.astype(np.int8 if signed else np.uint8),)
+
+
 _OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
         for domain in (DOMAIN, OPENVINO_DOMAIN)]
+_OPS.append(type("Quantize", (OpRun,), {"op_domain": DOMAIN, "_run": _run_quantize}))
 
 
 def run_reference(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray],

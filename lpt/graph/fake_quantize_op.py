@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from lpt.graph.constants import add_constant, const_array
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
+from lpt.numerics.levels import level_range
 
 DOMAIN = "lpt"
 OP_TYPE = "FakeQuantize"
@@ -30,8 +31,7 @@ OPENVINO_DOMAIN = "org.openvinotoolkit"
 
 def integer_range(levels: int, signed: bool) -> tuple[int, int]:
     """[qmin, qmax] of `levels` integers: unsigned from 0; signed centred (255 → [-127, 127])."""
-    qmin = -(levels // 2) if signed else 0
-    return qmin, qmin + levels - 1
+    return level_range(levels, signed)
 
 
 def _f32(a) -> np.ndarray:
