@@ -11,12 +11,12 @@ from tests.transformations.builders import RNG, Graph
 def conv_net():
     g = Graph()
     x = g.fq("x", 0.02, np.uint8(128))
-    conv = g.op("Conv", [x, g.weight((4, 3, 3, 3)), g.const(RNG.normal(size=4).astype(np.float32), "b")],
+    conv = g.op("Conv", [x, g.weight((4, 3, 3, 3)), g.const(g.rng.normal(size=4).astype(np.float32), "b")],
                 pads=[1, 1, 1, 1])
     relu = g.fq(g.op("Relu", [conv]), 0.03, np.uint8(0))
     pool = g.op("MaxPool", [relu], kernel_shape=[2, 2], strides=[2, 2])
     flat = g.op("Flatten", [pool])
-    g.op("Gemm", [flat, g.weight((5, 64)), g.const(RNG.normal(size=5).astype(np.float32), "c")], name="y", transB=1)
+    g.op("Gemm", [flat, g.weight((5, 64)), g.const(g.rng.normal(size=5).astype(np.float32), "c")], name="y", transB=1)
     return g.build({"x": [2, 3, 8, 8]}, ["y"])
 
 
