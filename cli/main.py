@@ -82,6 +82,8 @@ def inspect(model: Path, as_json: bool) -> None:
         fqs.add_row(t.tensor, t.kind, str(t.levels), t.dtype, t.granularity, f"[{t.low:.4g}, {t.high:.4g}]",
                     "yes" if t.symmetric else "no", t.semantics)
     console.print(fqs)
+    if summary.precisions:
+        _print_precisions(summary.precisions)
     if summary.unquantized:
         left = Table(title="quantizable ops without quantized inputs", title_justify="left")
         for column in ("node", "op", "why"):
@@ -91,6 +93,50 @@ def inspect(model: Path, as_json: bool) -> None:
         console.print(left)
     else:
         console.print("every Conv/ConvTranspose/MatMul/Gemm reads fake-quantized inputs")
+
+
+def _print_precisions(precisions) -> None:
+    counts = {}
+    for p in precisions:
+        counts[p.precision] = counts.get(p.precision, 0) + 1
+    table = Table(title="op precision: " + ", ".join(f"{n} {k}" for k, n in counts.items()), title_justify="left")
+    for column in ("node", "op", "runs in", "why f32"):
+        table.add_column(column)
+    for p in precisions:
+        style = "yellow" if p.precision == "f32" else None
+        table.add_row(p.node, p.op_type, p.precision, p.reason, style=style)
+    console.print(table)
+
+
+def _refuse_input_as_output(model: Path, output: Path) -> None:
+    if output.exists() and output.resolve() == model.resolve():
+        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the int8 graph.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+@click.option("--quiet", is_flag=True, help="Print only where the graph was written.")
+@_one_line_errors
+def transform(model: Path, output: Path, force: bool, quiet: bool) -> None:
+    """Run the low precision transformations on a fake-quantized MODEL and save the int8 graph.
+
+    FakeQuantizes split into quantize + dequantize, dequantizations move down the graph,
+    weights become int8 constants, and Conv/MatMul/Gemm run as ConvInteger/MatMulInteger.
+    The table says which ops run on integers and why the others stay f32.
+
+    \b
+    Example:
+      lpt transform models/digits_cnn.ort_qdq.onnx -o digits_int8.onnx
+    """
+    _refuse_input_as_output(model, output)
+    m = lpt.load(model)
+    lpt.transform(m)
+    lpt.save(m, output, overwrite=force)
+    if not quiet:
+        _print_precisions(lpt.op_precisions(m))
+    click.echo(f"wrote {output}")
 
 
 @main.command()
@@ -108,8 +154,7 @@ def normalize(model: Path, output: Path, force: bool) -> None:
     Example:
       lpt normalize models/digits_cnn.ort_qdq.onnx -o digits_normalized.onnx
     """
-    if output.resolve() == model.resolve():
-        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
+    _refuse_input_as_output(model, output)
     normalized = lpt.load(model)
     lpt.save(normalized, output, overwrite=force)
     click.echo(f"wrote {output}")

@@ -34,15 +34,15 @@ def _run_quantize(self, x, input_low, input_high, levels=None, to=None):
     return (q.astype(np.int8 if signed else np.uint8),)
 
 
-_OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
+CUSTOM_OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
         for domain in (DOMAIN, OPENVINO_DOMAIN)]
-_OPS.append(type("Quantize", (OpRun,), {"op_domain": DOMAIN, "_run": _run_quantize}))
+CUSTOM_OPS.append(type("Quantize", (OpRun,), {"op_domain": DOMAIN, "_run": _run_quantize}))
 
 
 def run_reference(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray],
                   outputs: list[str] | None = None) -> dict[str, np.ndarray]:
     """Outputs (by name) of `model` on `feeds`, FakeQuantize nodes evaluated with their own semantics."""
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
-    evaluator = ReferenceEvaluator(proto, new_ops=_OPS)
+    evaluator = ReferenceEvaluator(proto, new_ops=CUSTOM_OPS)
     names = outputs or [o.name for o in proto.graph.output]
     return dict(zip(names, evaluator.run(names, feeds)))

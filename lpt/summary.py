@@ -10,11 +10,8 @@ import onnx_ir as ir
 
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
+from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS
 
-# Ops whose cost int8 saves: each should read fake-quantized activations and weights.
-QUANTIZABLE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-# Ops a weight may pass through between its FakeQuantize and the op that uses it.
-_LAYOUT_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 @dataclass(frozen=True)
@@ -39,10 +36,19 @@ class UnquantizedOp:
 
 
 @dataclass(frozen=True)
+class OpPrecision:
+    node: str
+    op_type: str
+    precision: str  # "int8", "quantize", "dequantize" or "f32"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ModelSummary:
     op_counts: dict[str, int]
     fake_quantized: list[FakeQuantizedTensor] = field(default_factory=list)
     unquantized: list[UnquantizedOp] = field(default_factory=list)
+    precisions: list[OpPrecision] = field(default_factory=list)  # filled for transformed (int8) graphs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +77,7 @@ def _describe(node: ir.Node) -> FakeQuantizedTensor:
 
 def _is_quantized(value: ir.Value | None) -> bool:
     node = value.producer() if value is not None else None
-    while node is not None and node.op_type in _LAYOUT_OPS:
+    while node is not None and node.op_type in PRECISION_PRESERVING_OPS:
         node = node.inputs[0].producer()
     return node is not None and is_fake_quantize(node)
 
@@ -93,4 +99,47 @@ def summarize(model: ir.Model) -> ModelSummary:
         for n in nodes
         if n.op_type in QUANTIZABLE_OPS and n.domain in ("", "ai.onnx") and (reason := _unquantized_reason(n))
     ]
-    return ModelSummary(dict(counts.most_common()), fqs, unquantized)
+    precisions = op_precisions(model)
+    if all(p.precision == "f32" for p in precisions):
+        precisions = []
+    return ModelSummary(dict(counts.most_common()), fqs, unquantized, precisions)
+
+
+_8_BIT = (ir.DataType.UINT8, ir.DataType.INT8, ir.DataType.INT32)
+
+
+def op_precisions(model: ir.Model) -> list[OpPrecision]:
+    """Per node of a transformed graph: does it run on integers, and if not, why."""
+    from lpt.transformations.base import recorded_reason
+    from lpt.transformations.dequantization import Dequantization
+
+    dequantize = set()
+    for node in model.graph:
+        dq = Dequantization.of(node.outputs[0]) if node.op_type == "Mul" else None
+        if dq is not None:
+            dequantize.update(id(n) for n in dq.nodes)
+    report = []
+    for node in model.graph:
+        name = node.name or node.op_type
+        integer_in = any(v is not None and v.dtype in _8_BIT for v in node.inputs)
+        integer_out = any(v.dtype in _8_BIT for v in node.outputs)
+        if id(node) in dequantize:
+            precision, reason = "dequantize", ""
+        elif integer_out and not integer_in:
+            precision, reason = "quantize", ""
+        elif integer_in:
+            precision, reason = "int8", ""
+        else:
+            precision = "f32"
+            reason = recorded_reason(node) or _default_reason(node)
+        report.append(OpPrecision(name, _op_name(node), precision, reason))
+    return report
+
+
+def _default_reason(node: ir.Node) -> str:
+    if is_fake_quantize(node):
+        return "FakeQuantize kept (see its reason)"
+    producers = [v.producer() for v in node.inputs if v is not None]
+    if node.op_type == "Add" and any(p is not None and p.op_type == "Mul" for p in producers):
+        return "bias or residual add in f32, fused into the producer's output stage"
+    return f"no int8 form for {node.op_type}" if node.op_type not in QUANTIZABLE_OPS else "inputs are not quantized"

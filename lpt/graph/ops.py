@@ -1,0 +1,11 @@
+"""Op families shared by inspection, calibration and the transformations."""
+
+# Ops whose cost int8 saves: each should read fake-quantized activations and weights.
+QUANTIZABLE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+# Ops whose integer output keeps the input's quantization: they only move, select or compare
+# values, so one FakeQuantize before them serves the ops after them too.
+PRECISION_PRESERVING_OPS = (
+    "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad",
+    "Resize", "DepthToSpace", "SpaceToDepth", "Gather", "Identity",
+)

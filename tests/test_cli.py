@@ -1,0 +1,71 @@
+"""The command line: help that teaches, version, inspect and transform on a real file."""
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import lpt
+from cli.main import main
+from tests.transformations.test_pipeline import conv_net
+
+COMMANDS = ["inspect", "normalize", "transform"]
+
+
+@pytest.fixture
+def fq_model(tmp_path):
+    proto, _ = conv_net()
+    path = tmp_path / "net.qdq.onnx"
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and lpt.__version__ in result.output
+
+
+@pytest.mark.parametrize("command", [None] + COMMANDS)
+def test_every_help_has_an_example(command):
+    result = invoke(*([command] if command else []), "--help")
+    assert result.exit_code == 0
+    assert "Example" in result.output and "lpt " in result.output.split("Example")[1]
+
+
+def test_inspect_lists_fake_quantized_tensors_as_json(fq_model):
+    result = invoke("inspect", fq_model, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    kinds = sorted(t["kind"] for t in summary["fake_quantized"])
+    assert kinds == ["activation", "activation", "weight", "weight"]
+    assert summary["op_counts"]["lpt::FakeQuantize"] == 4
+    assert summary["unquantized"] == []
+
+
+def test_inspect_names_the_heavy_op_left_unquantized(tmp_path):
+    proto, _ = conv_net()
+    gemm = next(n for n in proto.graph.node if n.op_type == "Gemm")
+    gemm.input[1] = next(i.name for i in proto.graph.initializer if i.name.startswith("w"))  # bypass weight DQ
+    path = tmp_path / "m.onnx"
+    proto.graph.ClearField("value_info")
+    onnx.save(proto, path)
+    summary = json.loads(invoke("inspect", path, "--json").output)
+    assert [(u["node"], u["reason"]) for u in summary["unquantized"]] == [("y", "weight is not fake-quantized")]
+
+
+def test_transform_writes_an_int8_graph_and_reports_precisions(fq_model, tmp_path):
+    out = tmp_path / "net.int8.onnx"
+    result = invoke("transform", fq_model, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "ConvInteger" in result.output and "int8" in result.output
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert "ConvInteger" in ops and "MatMulInteger" in ops and "DequantizeLinear" not in ops
+    again = invoke("transform", fq_model, "-o", out)
+    assert again.exit_code == 1 and "already exists" in again.output
+    assert invoke("transform", fq_model, "-o", fq_model).exit_code == 1
+    assert onnx.load(fq_model).graph.node[0].op_type == "QuantizeLinear"  # the input is untouched
