@@ -1,0 +1,223 @@
+"""The int8 chains the backend runs on lpt's kernels, each prepared once into a Step.
+
+    ConvInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)] [→ Relu|Clip|Sigmoid]* [→ QuantizeLinear|lpt::Quantize]
+        one kernel call: weights packed and compensation precomputed here, then the oneDNN
+        output stage (f32 dequantization, bias, post-ops, destination quantization);
+    QuantizeLinear, lpt::Quantize                     quantize kernels (f32 → u8/i8);
+    Cast → [Sub] → Mul                                dequantize (the graph's own f32 operations);
+    MaxPool, Relu, Max(zero point), Clip on integers  integer kernels.
+
+Every step computes the same f32 operations, in the same order, as the ONNX nodes it replaces,
+so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt import kernels
+from lpt.backend.plan import Step
+from lpt.graph.constants import const_array
+from lpt.numerics.levels import level_range
+
+_INTEGER = (ir.DataType.UINT8, ir.DataType.INT8)
+_POST_OPS = ("Relu", "Clip", "Sigmoid")
+
+
+def _only_consumer(value: ir.Value, op_types: tuple[str, ...], domain: str = "") -> ir.Node | None:
+    users = list(value.consumers())
+    if len(users) != 1 or value.is_graph_output():
+        return None
+    node = users[0]
+    return node if node.op_type in op_types and node.domain in (domain, "ai.onnx" if domain == "" else domain) else None
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    return node.attributes[name].value if name in node.attributes else default
+
+
+def _step(run, inputs, nodes, outputs=None) -> tuple[Step, list[ir.Node]]:
+    outputs = outputs or [nodes[-1].outputs[0]]
+    return (Step(run, tuple(v.name for v in inputs), tuple(v.name for v in outputs),
+                 tuple(n.name for n in nodes), tuple(n.op_type for n in nodes), "int8 kernel"), nodes)
+
+
+def try_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
+    """A kernel step starting at `node` and the nodes it covers, or None (the node falls back)."""
+    if node.domain not in ("", "ai.onnx", "lpt"):
+        return None
+    integer_input = node.inputs and node.inputs[0] is not None and node.inputs[0].dtype in _INTEGER
+    if node.op_type in ("ConvInteger", "MatMulInteger"):
+        return _accumulate_chain(node)
+    if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
+        return _quantize(node)
+    if node.op_type == "Cast" and node.inputs[0].dtype in _INTEGER + (ir.DataType.INT32,):
+        return _dequantize(node)
+    if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip"):
+        return _integer_op(node)
+    return None
+
+
+def _accumulate_chain(node: ir.Node):
+    x, w = node.inputs[0], node.inputs[1]
+    x_zp, w_zp = _optional_constant(node, 2), _optional_constant(node, 3)
+    if x_zp is None or w_zp is None or x.dtype not in _INTEGER or w.dtype not in _INTEGER:
+        return None
+    weights = const_array(w)
+    if node.op_type == "ConvInteger":
+        if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            return None
+        packed = kernels.pack_conv(weights, w_zp, int(x_zp), _attr(node, "group", 1), _attr(node, "strides"),
+                                   _attr(node, "dilations"), _attr(node, "pads"))
+        accumulate, runtime_inputs, axis = partial(kernels.conv_accumulate, packed=packed), [x], 1
+    elif weights is not None:
+        packed = kernels.pack_matmul_weights(weights, w_zp, x_zp)
+        accumulate, runtime_inputs, axis = partial(kernels.matmul_accumulate_packed, packed=packed), [x], -1
+    else:
+        def accumulate(a, b):
+            return kernels.matmul_accumulate(a, x_zp, b, w_zp)
+        runtime_inputs, axis = [x, w], -1
+
+    nodes = [node]
+    cast = _only_consumer(node.outputs[0], ("Cast",))
+    mul = _only_consumer(cast.outputs[0], ("Mul",)) if cast else None
+    multiplier = const_array(mul.inputs[1]) if mul else None
+    if multiplier is None:  # the accumulator itself is wanted
+        return _step(lambda *a: [accumulate(*a)], runtime_inputs, nodes)
+    nodes += [cast, mul]
+    multiplier = _per_channel(multiplier, axis)
+    bias, post_ops, last = None, [], mul
+    add = _only_consumer(mul.outputs[0], ("Add",))
+    if add is not None and const_array(add.inputs[1]) is not None:
+        bias = _per_channel(const_array(add.inputs[1]), axis)
+        nodes.append(add)
+        last = add
+    while (op := _only_consumer(last.outputs[0], _POST_OPS)) is not None and (post_op := _post_op(op)) is not None:
+        post_ops.append(post_op)
+        nodes.append(op)
+        last = op
+    quantize = _destination(last.outputs[0])
+    if quantize is not None:
+        nodes.append(quantize[0])
+
+    def run(*arrays):
+        acc = accumulate(*arrays)
+        out = kernels.output_stage(acc, multiplier, bias, tuple(post_ops), axis=axis)
+        return [quantize[1](out) if quantize else out]
+
+    return _step(run, runtime_inputs, nodes)
+
+
+def _optional_constant(node: ir.Node, index: int) -> np.ndarray | None:
+    """An optional constant input (absent → 0); None when it is present but not constant."""
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return np.zeros((), np.int32)
+    return const_array(node.inputs[index])
+
+
+def _per_channel(array: np.ndarray, axis: int) -> np.ndarray:
+    """A constant shaped to broadcast per channel ([1, C, 1, 1] or [N]) as the kernels' 1-D vector."""
+    if array.size == 1:
+        return array.reshape(())
+    return array.reshape(-1) if axis == -1 or array.ndim == 1 else array.reshape(array.shape[1])
+
+
+def _post_op(node: ir.Node):
+    if node.op_type == "Relu":
+        return kernels.Relu()
+    if node.op_type == "Sigmoid":
+        return kernels.Sigmoid()
+    if node.op_type == "Clip":
+        low, high = _optional_bound(node, 1, -np.inf), _optional_bound(node, 2, np.inf)
+        if low is not None and high is not None:
+            return kernels.Clip(float(low), float(high))
+    return None
+
+
+def _optional_bound(node: ir.Node, index: int, default: float) -> np.ndarray | None:
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return np.float32(default)
+    return const_array(node.inputs[index])
+
+
+def _destination(value: ir.Value):
+    """(node, f32 → int function) when `value` is quantized next by QuantizeLinear or lpt::Quantize."""
+    node = _only_consumer(value, ("QuantizeLinear",)) or _only_consumer(value, ("Quantize",), domain="lpt")
+    if node is None:
+        return None
+    function = _quantize_function(node)
+    return (node, function) if function is not None else None
+
+
+def _quantize_function(node: ir.Node):
+    if node.domain == "lpt":
+        il, ih = const_array(node.inputs[1]), const_array(node.inputs[2])
+        if il is None or ih is None:
+            return None
+        levels = _attr(node, "levels")
+        qmin, qmax = level_range(levels, ir.DataType(_attr(node, "to")) == ir.DataType.INT8)
+        affine = kernels.fq_input_affine(il, ih, levels)
+        return partial(_quantize_fq_kernel, affine=affine, qmin=qmin, qmax=qmax)
+    scale = const_array(node.inputs[1])
+    zero_point = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.uint8(0)
+    if scale is None or zero_point is None:
+        return None
+    info = np.iinfo(zero_point.dtype)
+    axis = _attr(node, "axis", 1) if scale.size > 1 else None
+    return partial(kernels.quantize, scale=scale, zero_point=zero_point, qmin=int(info.min), qmax=int(info.max),
+                   axis=axis)
+
+
+def _quantize_fq_kernel(x, affine, qmin, qmax):
+    return kernels.quantize_fq(x, *affine, qmin, qmax)
+
+
+def _quantize(node: ir.Node):
+    function = _quantize_function(node)
+    return None if function is None else _step(lambda x: [function(x)], [node.inputs[0]], [node])
+
+
+def _dequantize(node: ir.Node):
+    """Cast → [Sub(shift)] → Mul(scale): the graph's f32 operations, one step."""
+    nodes, shift = [node], None
+    subtract = _only_consumer(node.outputs[0], ("Sub",))
+    if subtract is not None and (shift := const_array(subtract.inputs[1])) is not None:
+        nodes.append(subtract)
+    multiply = _only_consumer(nodes[-1].outputs[0], ("Mul",))
+    scale = const_array(multiply.inputs[1]) if multiply is not None else None
+    if scale is None:
+        return None
+    nodes.append(multiply)
+    shift = None if shift is None else shift.astype(np.float32)
+    scale = scale.astype(np.float32)
+
+    def run(q):
+        x = q.astype(np.float32)
+        if shift is not None:
+            x = x - shift
+        return [x * scale]
+
+    return _step(run, [node.inputs[0]], nodes)
+
+
+def _integer_op(node: ir.Node):
+    x = node.inputs[0]
+    if node.op_type == "MaxPool":
+        if _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or _attr(node, "ceil_mode", 0) or (
+                len(node.outputs) > 1 and node.outputs[1].uses()):
+            return None
+        run = partial(kernels.max_pool_q, kernel_shape=_attr(node, "kernel_shape"), strides=_attr(node, "strides"),
+                      pads=_attr(node, "pads"), dilations=_attr(node, "dilations"))
+        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]])
+    if node.op_type == "Relu":
+        return _step(lambda q: [kernels.relu_q(q, 0)], [x], [node])
+    if node.op_type == "Max" and len(node.inputs) == 2 and (zp := const_array(node.inputs[1])) is not None and zp.size == 1:
+        return _step(lambda q: [kernels.relu_q(q, zp)], [x], [node])
+    if node.op_type == "Clip" and len(node.inputs) == 3:
+        low, high = const_array(node.inputs[1]), const_array(node.inputs[2])
+        if low is not None and high is not None:
+            return _step(lambda q: [kernels.clip_q(q, low, high)], [x], [node])
+    return None
