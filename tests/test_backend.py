@@ -41,3 +41,32 @@ def test_plan_keeps_intermediates_on_request(int8_net):
 def test_missing_input_is_a_data_error(int8_net):
     with pytest.raises(lpt.DataError, match="expects"):
         compile_model(int8_net).run({})
+
+
+def test_export_to_qlinear_ops_runs_in_onnxruntime_within_one_lsb(int8_net):
+    from lpt.export.int8 import to_standard_int8
+
+    exported, report = to_standard_int8(int8_net)
+    ops = [n.op_type for n in exported.graph]
+    assert "QLinearConv" in ops and report.fused == ["conv9/integer"]
+    assert "MatMulInteger" in ops  # the Gemm has a bias: QLinearMatMul has none, so it stays
+    x = RNG.uniform(-3, 3, (2, 3, 8, 8)).astype(np.float32)
+    plan = compile_model(int8_net)
+    ours = plan.run({"x": x}, keep=True)
+    theirs = run_ort(exported, {"x": x})[0]
+    # The output is f32 after the last dequantization: compare in units of its last-layer scale.
+    np.testing.assert_allclose(theirs, ours["y"], atol=0.1)
+
+
+def test_int8_execution_is_within_one_lsb_of_the_fake_quantized_model():
+    from lpt.crosscheck import quantized_tensor_agreement
+
+    _, fq_model = conv_net()
+    _, int8 = conv_net()
+    lpt.transform(int8)
+    x = RNG.uniform(-3, 3, (2, 3, 8, 8)).astype(np.float32)
+    agreement = quantized_tensor_agreement(int8, compile_model(int8), fq_model, {"x": x})
+    assert [a.tensor for a in agreement] == ["x", "relu10"]
+    assert all(a.max_lsb <= 1 for a in agreement)
+    assert agreement[0].share_exact == 1.0  # the input is quantized by the same QuantizeLinear
+    assert agreement[1].share_exact > 0.95

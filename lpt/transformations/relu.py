@@ -1,6 +1,7 @@
 """Relu(DQ(q)) ⇒ DQ(Max(q, zp)): Relu runs on the integer tensor, thresholding at the zero point.
 
-scale·(q − zp) > 0 ⇔ q > zp when scale > 0; with zp = 0 the Max is a plain integer Relu.
+scale·(q − zp) > 0 ⇔ q > zp when scale > 0. With zp = 0 it is a plain Relu on int8 and
+nothing at all on uint8 (every level is already ≥ 0), so that Relu is removed.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt.graph.constants import add_constant
+from lpt.graph.rewrite import replace_value
 from lpt.transformations.base import Check, LayerTransformation
 from lpt.transformations.dequantization import Dequantization, move_after
 
@@ -29,6 +31,10 @@ class ReluTransformation(LayerTransformation):
 
     def transform(self, node: ir.Node) -> None:
         dq = Dequantization.of(node.inputs[0])
+        if dq.data.dtype == ir.DataType.UINT8 and not np.any(dq.zero_point):
+            replace_value(node.outputs[0], node.inputs[0])
+            node.graph.remove(node, safe=True)
+            return
         if np.any(dq.zero_point != 0):
             threshold = add_constant(node.graph, f"{node.name}/zero_point", dq.zero_point.astype(dq.data.dtype.numpy()))
             node.op_type = "Max"

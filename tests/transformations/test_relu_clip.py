@@ -10,7 +10,8 @@ from tests.graphs import op_types
 from tests.transformations.builders import RNG, Graph, apply, assert_same_outputs, openvino_fq, reasons
 
 
-@pytest.mark.parametrize("zero_point, integer_op", [(np.int8(0), "Relu"), (np.uint8(128), "Max"), (np.int8(-20), "Max")])
+@pytest.mark.parametrize("zero_point, integer_op", [(np.int8(0), "Relu"), (np.uint8(128), "Max"), (np.int8(-20), "Max"),
+                                                    (np.uint8(0), "Cast")])  # u8 with zp 0: already ≥ 0, Relu removed
 def test_relu_runs_on_integers(zero_point, integer_op):
     def build():
         g = Graph()

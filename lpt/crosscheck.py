@@ -1,0 +1,85 @@
+"""How far lpt's int8 execution is from a reference run, in LSBs of each quantized tensor.
+
+Every quantize node of the int8 graph (QuantizeLinear, lpt::Quantize) reads an f32 tensor that
+also exists, under the same name, in the fake-quantized model. The reference (onnxruntime on
+the FQ model, with graph optimizations off so that it stays an f32 simulation; ONNX's
+reference evaluator where onnxruntime cannot run it) gives that tensor; quantizing it with
+the node's own parameters gives the reference integers, which lpt's integers are compared to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from lpt.backend.int8_steps import _quantize_function
+from lpt.backend.plan import Plan
+from lpt.export.portable import to_portable
+from lpt.model_io import to_proto
+from lpt.reference import run_reference
+
+
+@dataclass(frozen=True)
+class TensorAgreement:
+    tensor: str  # the f32 tensor's name in the FQ model
+    max_lsb: int
+    share_exact: float
+    size: int
+
+
+def run_onnxruntime(model: ir.Model | onnx.ModelProto, feeds: dict, outputs: list[str] | None = None,
+                    optimize: bool = False, threads: int = 0) -> dict[str, np.ndarray]:
+    """Run with onnxruntime, any intermediate tensor in `outputs` exposed. Without `optimize` its
+    QDQ fusions stay off, so a fake-quantized model is simulated in f32 as written."""
+    proto = model if isinstance(model, onnx.ModelProto) else to_proto(to_portable(model))
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    names = outputs or [o.name for o in proto.graph.output]
+    present = {o.name for o in proto.graph.output}
+    for name in names:
+        if name not in present:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def run_fake_quantized(fq_model: ir.Model, feeds: dict, outputs: list[str]) -> dict[str, np.ndarray]:
+    """The FQ model's tensors: onnxruntime when it can run the model, else ONNX's reference evaluator."""
+    try:
+        return run_onnxruntime(fq_model, feeds, outputs)
+    except Exception:  # noqa: BLE001 - e.g. OpenVINO's FakeQuantize op, unknown to onnxruntime
+        return run_reference(to_portable(fq_model), feeds, outputs)
+
+
+def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Model,
+                               feeds: dict[str, np.ndarray]) -> list[TensorAgreement]:
+    """Per quantize node of the int8 graph: lpt's integers vs the reference's, in LSBs."""
+    fq_names = {v.name for n in ir.traversal.RecursiveGraphIterator(fq_model.graph) for v in n.outputs}
+    fq_names |= {v.name for v in fq_model.graph.inputs}
+    targets = []
+    for node in int8_model.graph:
+        is_quantize = (node.op_type, node.domain) in (("QuantizeLinear", ""), ("Quantize", "lpt"))
+        if is_quantize and node.inputs[0].name in fq_names:
+            function = _quantize_function(node)
+            if function is not None:
+                targets.append((node.inputs[0].name, node.outputs[0].name, function))
+    if not targets:
+        return []
+    ours = plan.run(feeds, keep=True)
+    reference = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))
+    result = []
+    for source, quantized, function in targets:
+        if quantized not in ours:  # fused away inside a step: its integers are not materialized
+            continue
+        expected = function(reference[source]).astype(np.int64)
+        difference = np.abs(ours[quantized].astype(np.int64) - expected)
+        result.append(TensorAgreement(source, int(difference.max(initial=0)), float((difference == 0).mean()),
+                                      int(difference.size)))
+    return result

@@ -1,0 +1,142 @@
+"""lpt's int8 graph ⇒ standard ONNX int8 that onnxruntime runs (`lpt export`).
+
+    ConvInteger → Cast → Mul(m) [→ Add(b)] [→ Relu] → QuantizeLinear(s_y, z_y)
+        ⇒ QLinearConv(x_q, 1, z_x, w_q, m, z_w, s_y, z_y, round(b / m))
+    MatMulInteger → Cast → Mul(m) [→ Relu] → QuantizeLinear(s_y, z_y)
+        ⇒ QLinearMatMul(a_q, 1, z_a, b_q, m, z_b, s_y, z_y)
+    lpt::Quantize(x, il, ih; levels)  ⇒  QuantizeLinear(x, (ih − il)/(levels − 1), qmin − il/scale) [→ Clip]
+
+Only the product of the input and weight scales matters to QLinear*, so the input scale is 1
+and the weight scale carries m. A Relu folds only where the output zero point is the type's
+minimum (saturation then does its work). Where the two forms differ, the export says so:
+the int32 bias is rounded (b / m), QLinear* requantizes f32(acc + B)·(m / s_y) instead of
+(f32(acc)·m + b) / s_y, and QuantizeLinear rounds x / scale where lpt::Quantize rounds
+x·isc + ish. `lpt run --check` measures the result in LSBs. Anything else is standard already.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
+
+from lpt.export.portable import to_portable
+from lpt.graph.constants import add_constant, const_array
+from lpt.graph.rewrite import replace_value
+from lpt.numerics.levels import level_range
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportReport:
+    fused: list[str] = field(default_factory=list)  # nodes now QLinearConv/QLinearMatMul
+    approximated: list[str] = field(default_factory=list)  # where the standard form rounds differently
+
+
+def _only_consumer(value: ir.Value, op_type: str) -> ir.Node | None:
+    users = list(value.consumers())
+    if len(users) == 1 and not value.is_graph_output() and users[0].op_type == op_type and users[0].domain in ("", "ai.onnx"):
+        return users[0]
+    return None
+
+
+def _chain(node: ir.Node):
+    """(cast, mul, add, relu, quantize) after an integer Conv/MatMul, or None."""
+    cast = _only_consumer(node.outputs[0], "Cast")
+    mul = _only_consumer(cast.outputs[0], "Mul") if cast else None
+    if mul is None or const_array(mul.inputs[1]) is None:
+        return None
+    last, add, relu = mul, None, None
+    if (candidate := _only_consumer(last.outputs[0], "Add")) and const_array(candidate.inputs[1]) is not None:
+        add = last = candidate
+    if candidate := _only_consumer(last.outputs[0], "Relu"):
+        relu = last = candidate
+    quantize = _only_consumer(last.outputs[0], "QuantizeLinear")
+    if quantize is None or len(quantize.inputs) < 3 or const_array(quantize.inputs[1]) is None:
+        return None
+    y_scale, y_zp = const_array(quantize.inputs[1]), const_array(quantize.inputs[2])
+    if y_scale.size != 1 or y_zp is None:
+        return None
+    if relu is not None and int(y_zp) != np.iinfo(y_zp.dtype).min:
+        return None
+    return cast, mul, add, relu, quantize
+
+
+def _fuse(node: ir.Node, report: ExportReport) -> None:
+    chain = _chain(node)
+    if chain is None:
+        return
+    cast, mul, add, relu, quantize = chain
+    is_conv = node.op_type == "ConvInteger"
+    if not is_conv and add is not None:
+        return  # QLinearMatMul has no bias
+    graph, name = node.graph, node.name
+    multiplier = const_array(mul.inputs[1]).astype(np.float32).reshape(-1)
+    x, w = node.inputs[0], node.inputs[1]
+    x_zp = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] is not None else add_constant(
+        graph, f"{name}/x_zero_point", np.zeros((), x.dtype.numpy()))
+    w_zp = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] is not None else add_constant(
+        graph, f"{name}/w_zero_point", np.zeros((), w.dtype.numpy()))
+    one = add_constant(graph, f"{name}/x_scale", np.float32(1.0))
+    w_scale = add_constant(graph, f"{name}/w_scale", multiplier if multiplier.size > 1 else multiplier.reshape(()))
+    inputs = [x, one, x_zp, w, w_scale, w_zp, quantize.inputs[1], quantize.inputs[2]]
+    if add is not None:
+        bias = const_array(add.inputs[1]).astype(np.float64).reshape(-1)
+        inputs.append(add_constant(graph, f"{name}/bias_int32", np.round(bias / multiplier).astype(np.int32)))
+    attributes = {k: v for k, v in node.attributes.items()} if is_conv else {}
+    fused = ir.node("QLinearConv" if is_conv else "QLinearMatMul", inputs, attributes, name=name)
+    fused.outputs[0].type = quantize.outputs[0].type
+    graph.insert_after(quantize, fused)
+    replace_value(quantize.outputs[0], fused.outputs[0])
+    for old in (quantize, relu, add, mul, cast, node):
+        if old is not None:
+            graph.remove(old, safe=True)
+    report.fused.append(name)
+    report.approximated.append(f"{name}: requantization of the QLinear form" + (" and int32 bias" if add else ""))
+
+
+def _quantize_to_standard(node: ir.Node, report: ExportReport) -> None:
+    graph, name = node.graph, node.name
+    il, ih = const_array(node.inputs[1]), const_array(node.inputs[2])
+    levels = node.attributes["levels"].as_int()
+    dtype = ir.DataType(node.attributes["to"].as_int())
+    qmin, qmax = level_range(levels, dtype == ir.DataType.INT8)
+    scale = ((ih.astype(np.float32) - il) / np.float32(levels - 1)).astype(np.float32)
+    zero_point = np.clip(np.round(qmin - il / scale), qmin, qmax).astype(dtype.numpy())
+    if scale.size > 1:
+        logger.warning("%s: per-channel lpt::Quantize is left as it is", name)
+        return
+    inputs = [node.inputs[0], add_constant(graph, f"{name}/scale", scale.reshape(())),
+              add_constant(graph, f"{name}/zero_point", zero_point.reshape(()))]
+    nodes = [ir.node("QuantizeLinear", inputs, name=name)]
+    info = np.iinfo(dtype.numpy())
+    if (qmin, qmax) != (info.min, info.max):
+        bounds = [add_constant(graph, f"{name}/{k}", np.asarray(v, dtype.numpy())) for k, v in (("qmin", qmin), ("qmax", qmax))]
+        nodes.append(ir.node("Clip", [nodes[0].outputs[0], *bounds], name=f"{name}/narrow"))
+    for n in nodes:
+        n.outputs[0].type = ir.TensorType(dtype)
+    graph.insert_after(node, nodes)
+    replace_value(node.outputs[0], nodes[-1].outputs[0])
+    graph.remove(node, safe=True)
+    report.approximated.append(f"{name}: FakeQuantize rounding written as QuantizeLinear")
+
+
+def to_standard_int8(model: ir.Model) -> tuple[ir.Model, ExportReport]:
+    """A copy of the int8 graph in standard ONNX ops, and what changed numerically on the way."""
+    model = to_portable(model)
+    report = ExportReport()
+    for node in list(model.graph):
+        if node.graph is None:
+            continue
+        if node.op_type == "Quantize" and node.domain == "lpt":
+            _quantize_to_standard(node, report)
+    for node in list(model.graph):
+        if node.graph is not None and node.op_type in ("ConvInteger", "MatMulInteger") and node.domain in ("", "ai.onnx"):
+            _fuse(node, report)
+    RemoveUnusedNodesPass()(model)
+    RemoveUnusedOpsetsPass()(model)
+    return model, report
