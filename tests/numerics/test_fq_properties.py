@@ -49,7 +49,7 @@ def fq_case(draw):
     return x, il, ih, ol, oh, levels
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(fq_case())
 def test_affine_form_agrees_with_the_spec_except_one_step_at_ties(case):
     x, il, ih, ol, oh, levels = case
@@ -93,7 +93,7 @@ def test_is_idempotent_when_the_output_interval_is_the_input_interval(case):
     np.testing.assert_array_equal(fake_quantize(once, il, ih, il, ih, levels), once)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(fq_case())
 def test_levels_are_the_output_of_an_fq_onto_0_to_levels_minus_1(case):
     x, il, ih, _, _, levels = case
@@ -171,7 +171,7 @@ def _exact_f32(value: Fraction) -> np.float32:
     return min(candidates, key=lambda c: (abs(Fraction(float(c)) - value), int(np.array(c).view(np.uint32)) & 1))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(f32.filter(lambda v: abs(v) < 1e15), f32.filter(lambda v: abs(v) < 1e15), f32.filter(lambda v: abs(v) < 1e30),
        st.booleans())
 def test_fma_f32_rounds_once(a, b, c, cancel):

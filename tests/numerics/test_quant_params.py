@@ -75,7 +75,7 @@ def test_a_shift_counts_as_integral_within_16_f32_ulps_of_low_over_scale():
         assert params.zero_point == 0 and params.has_integral_zero_point is integral
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.floats(-100, 100), st.floats(1e-3, 100), st.sampled_from([16, 255, 256, 65536]), st.booleans())
 def test_params_to_interval_inverts_interval_to_params_when_the_zero_point_is_integral(low, width, levels, signed):
     """Intervals built from (scale, zero point) come back to within the f32 rounding of the scale."""
@@ -164,7 +164,7 @@ def test_nudged_params_reject_empty_and_inverted_ranges(low, high, message):
         nudged_params(low, high, 0, 255)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.floats(-1e4, 1e4), st.floats(-1e4, 1e4)), min_size=1, max_size=4),
        st.sampled_from([(0, 255), (-128, 127), (-127, 127), (0, 15)]))
 def test_nudged_params_make_zero_exactly_representable(ranges, integer_range):

@@ -30,7 +30,7 @@ def quantize_case(draw):
     return np.array(random_x + ties, dtype=np.float32), scale, zero_point, name
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(quantize_case())
 def test_quantize_is_the_float64_formula_except_where_the_f32_quotient_rounds_onto_or_across_a_tie(case):
     x, scale, zero_point, name = case
@@ -49,7 +49,7 @@ def test_quantize_is_the_float64_formula_except_where_the_f32_quotient_rounds_on
     assert np.all(near_tie[difference != 0])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(quantize_case())
 def test_dequantize_of_quantize_is_within_half_a_step_for_in_range_x(case):
     x, scale, zero_point, name = case
@@ -62,7 +62,7 @@ def test_dequantize_of_quantize_is_within_half_a_step_for_in_range_x(case):
     assert np.all(np.abs(y - x64) <= bound)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.sampled_from(sorted(RANGES)), st.data())
 def test_dequantize_is_one_f32_rounding_of_the_exact_product(name, data):
     qmin, qmax = RANGES[name]
