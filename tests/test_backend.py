@@ -5,6 +5,7 @@ import pytest
 
 import lpt
 from lpt.backend import compile_model
+from lpt.crosscheck import run_onnxruntime
 from tests.graphs import run_ort
 from tests.transformations.builders import RNG
 from tests.transformations.test_pipeline import conv_net
@@ -70,3 +71,36 @@ def test_int8_execution_is_within_one_lsb_of_the_fake_quantized_model():
     assert all(a.max_lsb <= 1 for a in agreement)
     assert agreement[0].share_exact == 1.0  # the input is quantized by the same QuantizeLinear
     assert agreement[1].share_exact > 0.95
+
+
+@pytest.mark.parametrize("pool, attrs", [("GlobalAveragePool", {}),
+                                         ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})])
+def test_average_pool_between_quantized_tensors_runs_on_integers(pool, attrs):
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    pooled = g.op(pool, [g.fq("x", 0.02, np.uint8(100))], **attrs)
+    g.op("Relu", [g.fq(pooled, 0.01, np.uint8(90))], name="y")
+    _, m = g.build({"x": [2, 3, 6, 6]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    assert any(step.op_types[:4] == ("Cast", "Sub", "Mul", pool) and step.backend == "int8 kernel" for step in plan.steps)
+    x = RNG.uniform(-2, 3, (2, 3, 6, 6)).astype(np.float32)
+    quantized = next(n.outputs[0].name for n in m.graph if n.op_type == "QuantizeLinear" and n.inputs[0].name != "x")
+    ours = plan.run({"x": x}, keep=True)[quantized].astype(int)
+    # onnxruntime averages in f32, then quantizes: one rounding more than the integer average.
+    reference = run_onnxruntime(m, {"x": x}, [quantized])[quantized].astype(int)
+    assert np.abs(ours - reference).max() <= 1 and (ours == reference).mean() > 0.9
+
+
+def test_dequantize_then_quantize_is_one_requantize_step():
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    g.op("Relu", [g.fq(g.op("Identity", [g.fq("x", 0.02, np.uint8(100))]), 0.05, np.uint8(30))], name="y")
+    _, m = g.build({"x": [4, 5]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    assert ("Cast", "Sub", "Mul", "QuantizeLinear") in [s.op_types for s in plan.steps]
+    x = RNG.uniform(-2, 3, (4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])

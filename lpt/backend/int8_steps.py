@@ -4,11 +4,16 @@
         one kernel call: weights packed and compensation precomputed here, then the oneDNN
         output stage (f32 dequantization, bias, post-ops, destination quantization);
     QuantizeLinear, lpt::Quantize                     quantize kernels (f32 → u8/i8);
-    Cast → [Sub] → Mul                                dequantize (the graph's own f32 operations);
+    Cast → [Sub] → Mul [→ QuantizeLinear]             dequantize (the graph's own f32 operations),
+                                                      and requantize when a quantize follows;
+    Cast → [Sub] → Mul → AveragePool|GlobalAveragePool → QuantizeLinear
+                                                      integer average (exact half-to-even, see
+                                                      lpt.kernels.pooling), rescaled to the output;
     MaxPool, Relu, Max(zero point), Clip on integers  integer kernels.
 
 Every step computes the same f32 operations, in the same order, as the ONNX nodes it replaces,
-so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests).
+so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests) — except
+the integer average, which rounds once where the graph rounds twice (at most 1 LSB apart).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.plan import Step
 from lpt.graph.constants import const_array
+from lpt.graph.fake_quantize_op import read_fake_quantize
 from lpt.numerics.levels import level_range
 
 _INTEGER = (ir.DataType.UINT8, ir.DataType.INT8)
 _POST_OPS = ("Relu", "Clip", "Sigmoid")
+_POOLS = ("AveragePool", "GlobalAveragePool")
 
 
 def _only_consumer(value: ir.Value, op_types: tuple[str, ...], domain: str = "") -> ir.Node | None:
@@ -95,7 +102,8 @@ def _accumulate_chain(node: ir.Node):
         bias = _per_channel(const_array(add.inputs[1]), axis)
         nodes.append(add)
         last = add
-    while (op := _only_consumer(last.outputs[0], _POST_OPS)) is not None and (post_op := _post_op(op)) is not None:
+    while (op := _only_consumer(last.outputs[0], _POST_OPS) or _only_consumer(last.outputs[0], ("FakeQuantize",), "lpt")
+           ) is not None and (post_op := _post_op(op)) is not None:
         post_ops.append(post_op)
         nodes.append(op)
         last = op
@@ -126,6 +134,11 @@ def _per_channel(array: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _post_op(node: ir.Node):
+    if node.domain == "lpt":  # an FQ that could not be split: OpenVINO's FQ post-op chain
+        fq = read_fake_quantize(node)
+        if fq is None or fq.scale is not None:
+            return None
+        return kernels.FakeQuantize(fq.input_low, fq.input_high, fq.output_low, fq.output_high, fq.levels)
     if node.op_type == "Relu":
         return kernels.Relu()
     if node.op_type == "Sigmoid":
@@ -181,7 +194,7 @@ def _quantize(node: ir.Node):
 
 
 def _dequantize(node: ir.Node):
-    """Cast → [Sub(shift)] → Mul(scale): the graph's f32 operations, one step."""
+    """Cast → [Sub(shift)] → Mul(scale), with what may follow it fused: a quantize or an average pool."""
     nodes, shift = [node], None
     subtract = _only_consumer(node.outputs[0], ("Sub",))
     if subtract is not None and (shift := const_array(subtract.inputs[1])) is not None:
@@ -193,14 +206,45 @@ def _dequantize(node: ir.Node):
     nodes.append(multiply)
     shift = None if shift is None else shift.astype(np.float32)
     scale = scale.astype(np.float32)
+    pool = _only_consumer(multiply.outputs[0], _POOLS)
+    if pool is not None and (fused := _average_pool(node, nodes + [pool], scale, shift)) is not None:
+        return fused
+    destination = _destination(multiply.outputs[0])
 
     def run(q):
         x = q.astype(np.float32)
         if shift is not None:
             x = x - shift
-        return [x * scale]
+        x = x * scale
+        return [destination[1](x) if destination else x]
 
-    return _step(run, [node.inputs[0]], nodes)
+    return _step(run, [node.inputs[0]], nodes + ([destination[0]] if destination else []))
+
+
+def _average_pool(cast: ir.Node, nodes: list[ir.Node], scale: np.ndarray, shift: np.ndarray | None):
+    """The integer average pool: the dequantization's zero point in, the next quantize's scale out."""
+    pool = nodes[-1]
+    quantize = _only_consumer(pool.outputs[0], ("QuantizeLinear",))
+    zero_point = np.zeros((), np.int32) if shift is None else shift
+    if (quantize is None or scale.size != 1 or np.size(zero_point) != 1 or zero_point != np.round(zero_point)
+            or cast.inputs[0].dtype not in _INTEGER or _attr(pool, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET")
+            or _attr(pool, "ceil_mode", 0)):
+        return None
+    out_scale, out_zp = const_array(quantize.inputs[1]), _optional_constant(quantize, 2)
+    if out_scale is None or out_scale.size != 1 or out_zp is None:
+        return None
+    info = np.iinfo(out_zp.dtype if out_zp.dtype != np.int32 else np.uint8)
+    rescale = dict(multiplier=np.float32(scale.reshape(())) / np.float32(out_scale.reshape(())),
+                   out_zero_point=int(out_zp), qmin=int(info.min), qmax=int(info.max))
+    zp = int(zero_point)
+    if pool.op_type == "GlobalAveragePool":
+        run = partial(kernels.global_average_pool_q, zero_point=zp, **rescale)
+    else:
+        run = partial(kernels.average_pool_q, zero_point=zp, kernel_shape=_attr(pool, "kernel_shape"),
+                      strides=_attr(pool, "strides"), pads=_attr(pool, "pads"),
+                      count_include_pad=bool(_attr(pool, "count_include_pad", 0)), dilations=_attr(pool, "dilations"),
+                      **rescale)
+    return _step(lambda q: [run(q)], [cast.inputs[0]], nodes + [quantize])
 
 
 def _integer_op(node: ir.Node):
