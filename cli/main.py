@@ -160,5 +160,91 @@ def normalize(model: Path, output: Path, force: bool) -> None:
     click.echo(f"wrote {output}")
 
 
+def _default_data(model: Path, data: Path | None, suffix: str = ".npz") -> Path:
+    """--data, or the .npz that sits beside the model (as in models/)."""
+    if data is not None:
+        return data
+    beside = model.with_suffix(suffix)
+    if beside.exists():
+        return beside
+    raise lpt.DataError(f"no --data given and no {beside.name} beside {model.name}: pass --data with an .npz keyed "
+                        "by input name, an .npy (single-input models) or a folder of them")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), help="Inputs: .npz keyed by input name, .npy, or a folder "
+              "of them. Default: MODEL's .npz beside it.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the outputs here (.npz keyed by output name).")
+@click.option("--check", is_flag=True, help="Cross-check against onnxruntime on the FQ model and on lpt's export.")
+@click.option("--batch-size", default=32, show_default=True, help="Samples per run of the plan.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+@_one_line_errors
+def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_size: int, force: bool) -> None:
+    """Run MODEL on lpt's int8 backend.
+
+    MODEL is a fake-quantized model (transformed on the fly) or an int8 graph saved by
+    `lpt transform`. Prints how many ops ran on int8 kernels and which fell back to
+    onnxruntime; with --check, how far lpt is from onnxruntime, in LSBs per quantized tensor.
+
+    \b
+    Example:
+      lpt run models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.test.npz -o out.npz --check
+    """
+    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check)
+    if output is not None:
+        lpt.model_io.write_arrays(result.outputs, output, overwrite=force)
+    split = ", ".join(f"{n} on {backend}" for backend, n in result.op_split.items())
+    fallback = ", ".join(f"{op}×{n}" for op, n in result.plan.fallback_ops().items()) or "none"
+    samples = len(next(iter(result.outputs.values())))
+    click.echo(f"{samples} samples in {result.seconds:.3f} s; ops: {split}; not on int8 kernels: {fallback}")
+    if result.check is not None:
+        _print_check(result.check)
+    if output is not None:
+        click.echo(f"wrote {output}")
+
+
+def _print_check(check) -> None:
+    table = Table(title=f"lpt vs onnxruntime on the FQ model: max {check.max_lsb} LSB, "
+                        f"{check.share_exact:.2%} exactly equal", title_justify="left")
+    for column in ("quantized tensor", "max LSB", "exactly equal", "values"):
+        table.add_column(column)
+    for t in check.tensors:
+        table.add_row(t.tensor, str(t.max_lsb), f"{t.share_exact:.2%}", str(t.size))
+    console.print(table)
+    outputs = Table(title="outputs (f32)", title_justify="left")
+    for column in ("output", "against", "max |diff|", "exactly equal"):
+        outputs.add_column(column)
+    for o in check.outputs:
+        outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", f"{o.share_equal:.2%}")
+    console.print(outputs)
+    for note in check.export_notes:
+        console.print(f"  export: {note}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the ONNX int8 model.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+@_one_line_errors
+def export(model: Path, output: Path, force: bool) -> None:
+    """Export MODEL (fake-quantized or lpt int8) as standard ONNX int8 that onnxruntime runs.
+
+    Integer Conv/MatMul chains become QLinearConv/QLinearMatMul where ONNX has the form
+    (ConvInteger/MatMulInteger otherwise); the rounding differences this brings are listed.
+
+    \b
+    Example:
+      lpt export models/digits_cnn.ort_qdq.onnx -o digits_int8_ort.onnx
+    """
+    _refuse_input_as_output(model, output)
+    m = lpt.load(model)
+    lpt.transform(m)
+    exported, report = lpt.export_int8(m)
+    lpt.model_io.write_model(exported, output, overwrite=force)
+    click.echo(f"{len(report.fused)} QLinear ops; {len(report.approximated)} places round differently than lpt")
+    click.echo(f"wrote {output}")
+
+
 if __name__ == "__main__":
     main()

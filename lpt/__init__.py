@@ -15,10 +15,13 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from lpt.backend import compile_model
 from lpt.errors import DataError, LptError, ModelError, QuantizationError
 from lpt.export.portable import to_portable
 from lpt.graph.fake_quantize_op import FakeQuantize, read_fake_quantize
-from lpt.model_io import read_model, write_model
+from lpt import model_io
+from lpt.export.int8 import ExportReport, to_standard_int8 as export_int8
+from lpt.model_io import clone, read_model, write_model
 from lpt.normalize import normalize
 from lpt.reference import run_reference
 from lpt.summary import ModelSummary, OpPrecision, op_precisions, summarize
@@ -47,6 +50,28 @@ def transform(model: ir.Model, transformations=None) -> TransformResult:
     return _transform(model, tuple(transformations))
 
 
+def run(model: str | os.PathLike | ir.Model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0):
+    """Run a fake-quantized or int8 `model` on lpt's backend over `data` (path, arrays, or iterable of dicts).
+
+    Returns a RunResult: outputs by name (concatenated over the data), the compiled plan (its
+    int8/f32 split) and, with `check`, the cross-check against onnxruntime on the first batch.
+    """
+    from lpt.calibration.data import CalibrationData, input_specs
+    from lpt.execute import RunResult, cross_check, run_plan
+
+    fq_model = load(model) if isinstance(model, (str, os.PathLike)) else model
+    int8_model = clone(fq_model)
+    transform(int8_model)
+    plan = compile_model(int8_model, threads=threads)
+    dataset = CalibrationData(data, input_specs(int8_model), batch_size=batch_size)
+    outputs, seconds = run_plan(plan, dataset.batches())
+    result = RunResult(outputs, plan, seconds)
+    if check:
+        first = next(iter(dataset.batches()))
+        result.check = cross_check(fq_model, int8_model, plan, first)
+    return result
+
+
 def save(model: ir.Model, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write `model` as standard ONNX (QDQ where exact, OpenVINO FakeQuantize otherwise), atomically."""
     return write_model(to_portable(model), path, overwrite=overwrite)
@@ -54,6 +79,6 @@ def save(model: ir.Model, path: str | os.PathLike, *, overwrite: bool = False) -
 
 __all__ = [
     "DataError", "FakeQuantize", "LptError", "ModelError", "ModelSummary", "OpPrecision", "QuantizationError",
-    "TransformResult", "load", "normalize", "op_precisions", "read_fake_quantize", "read_model", "run_reference",
+    "ExportReport", "TransformResult", "clone", "compile_model", "export_int8", "load", "model_io", "run", "normalize", "op_precisions", "read_fake_quantize", "read_model", "run_reference",
     "save", "summarize", "to_portable", "transform", "write_model", "__version__",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
@@ -81,13 +83,24 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 def write_model(model: ir.Model | onnx.ModelProto, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write atomically (temp file + rename), never over an existing file unless asked."""
+    proto = model if isinstance(model, onnx.ModelProto) else to_proto(model)
+    return write_bytes(proto.SerializeToString(), path, overwrite=overwrite)
+
+
+def write_arrays(arrays: dict[str, np.ndarray], path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Save arrays as an .npz (no pickles), atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return write_bytes(buffer.getvalue(), path, overwrite=overwrite)
+
+
+def write_bytes(data: bytes, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write `data` to a temp file beside `path`, then rename it over: readers never see half a file."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise ModelError(f"{path}: already exists (pass --force / overwrite=True to replace it)")
     if not path.parent.is_dir():
         raise ModelError(f"{path.parent}: no such folder")
-    proto = model if isinstance(model, onnx.ModelProto) else to_proto(model)
-    data = proto.SerializeToString()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -98,6 +111,11 @@ def write_model(model: ir.Model | onnx.ModelProto, path: str | os.PathLike, *, o
         raise
     logger.info("wrote %s (%d bytes)", path, len(data))
     return path
+
+
+def clone(model: ir.Model) -> ir.Model:
+    """An independent copy (passes work in place)."""
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
 
 
 def _first_line(err: BaseException) -> str:

@@ -10,7 +10,7 @@ import lpt
 from cli.main import main
 from tests.transformations.test_pipeline import conv_net
 
-COMMANDS = ["inspect", "normalize", "transform"]
+COMMANDS = ["inspect", "normalize", "transform", "run", "export"]
 
 
 @pytest.fixture
@@ -69,3 +69,29 @@ def test_transform_writes_an_int8_graph_and_reports_precisions(fq_model, tmp_pat
     assert again.exit_code == 1 and "already exists" in again.output
     assert invoke("transform", fq_model, "-o", fq_model).exit_code == 1
     assert onnx.load(fq_model).graph.node[0].op_type == "QuantizeLinear"  # the input is untouched
+
+
+def test_run_writes_outputs_and_cross_checks(fq_model, tmp_path):
+    import numpy as np
+
+    data = tmp_path / "data.npz"
+    np.savez(data, x=np.random.default_rng(0).uniform(-2, 2, (6, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "out.npz"
+    result = invoke("run", fq_model, "--data", data, "-o", out, "--check")
+    assert result.exit_code == 0, result.output
+    assert "6 samples" in result.output and "on int8 kernel" in result.output
+    assert "max 0 LSB" in result.output or "max 1 LSB" in result.output
+    assert np.load(out)["y"].shape == (6, 5)
+
+
+def test_run_without_data_says_what_to_pass(fq_model):
+    result = invoke("run", fq_model)
+    assert result.exit_code == 1 and "pass --data" in result.output
+
+
+def test_export_writes_a_model_onnxruntime_runs(fq_model, tmp_path):
+    out = tmp_path / "exported.onnx"
+    result = invoke("export", fq_model, "-o", out)
+    assert result.exit_code == 0, result.output
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert "QLinearConv" in ops

@@ -1,0 +1,84 @@
+"""Running a model on lpt's int8 backend over a dataset, and checking it against onnxruntime."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt.backend import Plan, compile_model
+from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_onnxruntime
+from lpt.export.int8 import to_standard_int8
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputAgreement:
+    output: str
+    against: str  # what lpt's output was compared with
+    max_abs_diff: float
+    share_equal: float
+
+
+@dataclass
+class CrossCheck:
+    tensors: list[TensorAgreement] = field(default_factory=list)  # lpt vs the FQ model, per quantized tensor
+    outputs: list[OutputAgreement] = field(default_factory=list)
+    export_notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_lsb(self) -> int:
+        return max((t.max_lsb for t in self.tensors), default=0)
+
+    @property
+    def share_exact(self) -> float:
+        total = sum(t.size for t in self.tensors)
+        return sum(t.share_exact * t.size for t in self.tensors) / total if total else 1.0
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    plan: Plan
+    seconds: float
+    check: CrossCheck | None = None
+
+    @property
+    def op_split(self) -> dict[str, int]:
+        return dict(self.plan.backend_counts())
+
+
+def run_plan(plan: Plan, batches) -> tuple[dict[str, np.ndarray], float]:
+    """Every batch through `plan`, outputs concatenated along the batch axis."""
+    collected: dict[str, list[np.ndarray]] = {name: [] for name in plan.outputs}
+    start = time.perf_counter()
+    for batch in batches:
+        for name, value in plan.run(batch).items():
+            collected[name].append(value)
+    seconds = time.perf_counter() - start
+    return {name: np.concatenate(parts) for name, parts in collected.items()}, seconds
+
+
+def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarray]) -> CrossCheck:
+    """lpt vs onnxruntime on the FQ model (per quantized tensor, in LSBs) and vs onnxruntime on lpt's export."""
+    check = CrossCheck(tensors=quantized_tensor_agreement(int8_model, plan, fq_model, batch))
+    ours = plan.run(batch)
+    exported, report = to_standard_int8(int8_model)
+    check.export_notes = report.approximated
+    references = {"onnxruntime, FQ model": lambda: run_onnxruntime(fq_model, batch, plan.outputs),
+                  "onnxruntime, exported int8 model": lambda: run_onnxruntime(exported, batch, plan.outputs)}
+    for against, run in references.items():
+        try:
+            theirs = run()
+        except Exception as err:  # noqa: BLE001 - e.g. an OpenVINO-form FQ model onnxruntime cannot load
+            logger.warning("cross-check against %s skipped: %s", against, str(err).splitlines()[0])
+            continue
+        for name in plan.outputs:
+            difference = np.abs(ours[name].astype(np.float64) - theirs[name].astype(np.float64))
+            check.outputs.append(OutputAgreement(name, against, float(difference.max(initial=0)),
+                                                 float((difference == 0).mean())))
+    return check
