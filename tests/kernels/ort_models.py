@@ -10,7 +10,7 @@ from onnx import helper
 
 def run_node(op_type: str, inputs: dict[str, np.ndarray], output_dtype, attributes: dict | None = None,
              opset: int = 13) -> np.ndarray:
-    """The single output of `op_type` on `inputs` (in the op's input order), onnxruntime with graph optimizations off."""
+    """The output of `op_type` on `inputs` (in the op's input order), in onnxruntime with graph optimizations off."""
     node = helper.make_node(op_type, list(inputs), ["y"], **(attributes or {}))
     graph = helper.make_graph(
         [node], op_type,

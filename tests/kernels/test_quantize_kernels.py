@@ -131,7 +131,8 @@ def test_fixed_point_requantize_matches_its_twin_and_the_f32_mode_within_one(cas
     acc, real, multiplier, shift, zp, out_dtype = case
     qmin, qmax = RANGES[out_dtype]
     got = requantize_fixed_point(acc, multiplier, shift, zp, qmin, qmax)
-    np.testing.assert_array_equal(got, requantize_fixed_point_reference(acc, int(multiplier), int(shift), zp, qmin, qmax))
+    expected = requantize_fixed_point_reference(acc, int(multiplier), int(shift), zp, qmin, qmax)
+    np.testing.assert_array_equal(got, expected)
     f32_mode = qlinear_output(acc, np.float32(real), zp, qmin, qmax)
     assert np.abs(got.astype(np.int64) - f32_mode.astype(np.int64)).max() <= 1
 

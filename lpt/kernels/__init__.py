@@ -1,0 +1,26 @@
+"""lpt's int8 kernels: plain functions over arrays, exact integer arithmetic, f32 where DESIGN.md §2 names it.
+
+Heavy ops are prepared once and run many times (pack_conv → conv_accumulate, pack_matmul_weights →
+matmul_accumulate_packed); accumulators then go through output_stage (oneDNN's scheme) or
+qlinear_output (ONNX QLinear*). Each kernel has a slow twin in lpt.kernels.reference.
+"""
+
+from lpt.kernels.conv import PackedConv, conv_accumulate, pack_conv
+from lpt.kernels.elementwise import add_q, clip_q, concat_q, mul_q, relu_q
+from lpt.kernels.gemm import exact_chunk, integer_matmul
+from lpt.kernels.matmul import PackedMatMul, matmul_accumulate, matmul_accumulate_packed, pack_matmul_weights
+from lpt.kernels.output_stage import (Clip, FakeQuantize, PostOp, Relu, Sigmoid, Sum, dequantization_multiplier,
+                                      output_stage, qlinear_multiplier, qlinear_output)
+from lpt.kernels.pooling import average_pool_q, global_average_pool_q, max_pool_q
+from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantize_fq, quantize_multiplier,
+                                  requantize, requantize_fixed_point)
+from lpt.kernels.window import Window
+
+__all__ = [
+    "Clip", "FakeQuantize", "PackedConv", "PackedMatMul", "PostOp", "Relu", "Sigmoid", "Sum", "Window",
+    "add_q", "average_pool_q", "clip_q", "concat_q", "conv_accumulate", "dequantization_multiplier", "dequantize",
+    "exact_chunk", "fq_input_affine", "global_average_pool_q", "integer_matmul", "matmul_accumulate",
+    "matmul_accumulate_packed", "max_pool_q", "mul_q", "output_stage", "pack_conv", "pack_matmul_weights",
+    "qlinear_multiplier", "qlinear_output", "quantize", "quantize_fq", "quantize_multiplier", "relu_q",
+    "requantize", "requantize_fixed_point",
+]

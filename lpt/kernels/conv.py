@@ -1,0 +1,118 @@
+"""Integer convolution, prepared once and run many times: acc = Σ (q_src − zp_src)·(q_wei − zp_wei), exact.
+
+The four terms of the OpenVINO RFC,
+    Σ (a − za)(w − zw) = Σ a·w − zw·Σ a − za·Σ w + K·za·zw,
+collapse because the weights are constant: packing stores W' = w − zw, which carries the first two
+terms into the product with the raw source, and the last two into the compensation
+comp[oc] = Σ W'[oc] (= Σ q_wei when zw = 0), so acc = conv(a, W') − za·comp. The product sees
+raw q_src, and the padding is filled with za, where it contributes (za − za)·W' = 0.
+
+The product runs through f32 BLAS (lpt.kernels.gemm: chunks of the reduction K exact by
+construction) on an im2col matrix built with one strided copy per kernel tap; a depthwise
+convolution (one input channel per group) skips im2col and accumulates tap by tap in f32, exact
+while taps·max|a|·max|W'| ≤ 2^24.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lpt.kernels.gemm import (accumulator_dtype, deviation_bound, exact_chunk, integer_matmul, integer_range,
+                              magnitude_bound)
+from lpt.kernels.window import Window
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: ndarray fields have no boolean ==
+class PackedConv:
+    """Weights packed once: W' = q_wei − zp_wei as f32 [groups, OC/groups, IC/groups·∏kernel], comp[oc] = Σ W'[oc]."""
+
+    weights: np.ndarray  # f32, integer-valued, reduction order (ic, *kernel) as in ONNX's [OC, IC/g, *kernel]
+    compensation: np.ndarray  # int64 [OC]
+    offset: np.ndarray  # int64 [OC, 1, …]: −zp_src · comp, broadcast over [N, OC, *spatial]
+    src_zero_point: int
+    weight_bound: int  # max |W'|, 1 for all-zero weights
+    groups: int
+    window: Window
+
+    @property
+    def out_channels(self) -> int:
+        return self.weights.shape[0] * self.weights.shape[1]
+
+    @property
+    def in_channels(self) -> int:
+        return self.groups * self.weights.shape[2] // self.window.taps
+
+
+def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: int = 1,
+              strides=None, dilations=None, pads=None) -> PackedConv:
+    """W' = q_wei − zp_wei, comp[oc] = Σ W'[oc], offset = −zp_src·comp, for weights [OC, IC/groups, *kernel].
+
+    weight_zero_point is one value or one per output channel; weights are int8 or uint8 (any integers
+    with |q_wei − zp_wei| ≤ 2^24 work). strides, dilations, pads as ONNX's Conv (pads [x1_begin, …, x1_end, …]).
+    """
+    weights = np.asarray(weights_q)
+    if weights.ndim < 3 or weights.shape[0] % groups:
+        raise ValueError(f"weights of shape {weights.shape} do not fit a convolution with {groups} groups")
+    out_channels, kernel = weights.shape[0], weights.shape[2:]
+    zero_point = np.asarray(weight_zero_point, dtype=np.int64).reshape(-1)
+    if zero_point.size not in (1, out_channels):
+        raise ValueError(f"{zero_point.size} weight zero points for {out_channels} output channels")
+    centred = weights.astype(np.int64).reshape(out_channels, -1) - zero_point[:, None]
+    compensation = centred.sum(axis=1)
+    offset = -int(src_zero_point) * compensation
+    return PackedConv(
+        weights=centred.astype(np.float32).reshape(groups, out_channels // groups, -1),
+        compensation=compensation,
+        offset=offset.reshape((out_channels,) + (1,) * len(kernel)),
+        src_zero_point=int(src_zero_point),
+        weight_bound=max(1, int(np.abs(centred).max(initial=0))),
+        groups=groups,
+        window=Window.of(kernel, strides, dilations, pads),
+    )
+
+
+def conv_accumulate(src_q: np.ndarray, packed: PackedConv) -> np.ndarray:
+    """acc[n, oc, o] = Σ (q_src − zp_src)·(q_wei − zp_wei) over the window, padding zp_src: int32 [N, OC, *out].
+
+    int64 instead when K·max|q_src − zp_src|·max|W'| might exceed 2^31 − 1 (K = IC/groups·∏kernel).
+    """
+    src_q = np.asarray(src_q)
+    qmin, qmax = integer_range(src_q.dtype)
+    if not qmin <= packed.src_zero_point <= qmax:
+        raise ValueError(f"source zero point {packed.src_zero_point} is outside {src_q.dtype}")
+    if src_q.ndim != 2 + len(packed.window.kernel) or src_q.shape[1] != packed.in_channels:
+        raise ValueError(f"source of shape {src_q.shape} does not fit weights for {packed.in_channels} input channels")
+    window, groups = packed.window, packed.groups
+    out_shape = window.output_shape(src_q.shape[2:])
+    padded = window.padded(src_q, packed.src_zero_point)
+    reduction = packed.weights.shape[2]
+    src_bound = magnitude_bound(src_q.dtype)
+    if reduction == window.taps and window.taps <= exact_chunk(src_bound, packed.weight_bound):
+        raw = _depthwise(padded, packed.weights, window, out_shape)
+    else:
+        raw = _im2col_gemm(padded, packed.weights, window, out_shape, groups, src_bound, packed.weight_bound)
+    acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape) + packed.offset
+    bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
+    return acc.astype(accumulator_dtype(bound))
+
+
+def _im2col_gemm(padded, weights, window: Window, out_shape, groups: int, src_bound: int, weight_bound: int):
+    """Σ_k W'[g, j, k]·cols[n, g, k, p], cols[n, c, tap, o] = padded[n, c, o·stride + tap]: int64 [N, g, OC/g, P]."""
+    batch, channels = padded.shape[:2]
+    cols = np.empty((batch, channels, window.taps) + out_shape, dtype=np.float32)
+    for tap, index in enumerate(window.tap_slices(out_shape)):
+        cols[:, :, tap] = padded[index]
+    cols = cols.reshape(batch, groups, -1, int(np.prod(out_shape)))
+    return integer_matmul(weights, cols, weight_bound, src_bound)
+
+
+def _depthwise(padded, weights, window: Window, out_shape):
+    """Σ_tap padded[n, c, tap + o·stride] · W'[c, j, tap], one input channel per group, in f32: [N, C, OC/C, P]."""
+    batch, channels = padded.shape[:2]
+    source = padded.astype(np.float32)
+    acc = np.zeros((batch, channels, weights.shape[1], int(np.prod(out_shape))), dtype=np.float32)
+    for tap, index in enumerate(window.tap_slices(out_shape)):
+        acc += source[index].reshape(batch, channels, 1, -1) * weights[None, :, :, tap, None]
+    return acc.astype(np.int64)

@@ -1,0 +1,118 @@
+"""From int32 accumulators to the destination: oneDNN v3's output scheme, and ONNX QLinear's requantization.
+
+output_stage, in f32 and in this order (the reference twin performs the same operations):
+    1. x = f32(acc) · m[c]         m = s_src · s_wei[c], one f32 multiply, computed once (dequantization_multiplier);
+                                    f32(acc) is exact for |acc| ≤ 2^24 and rounded to nearest even beyond;
+    2. x = x + bias[c]              a separate add (no fused multiply-add);
+    3. x = post_op(x)               for each post-op in turn;
+    4. q = saturate(rint(x / s_dst) + zp_dst)   quantize (one f32 division), or x itself for an f32 destination.
+Per-channel values lie along `axis` (1 for convolution's [N, C, …], −1 for MatMul's [..., N]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lpt.kernels.quantize import broadcast_along, quantize, round_to_range
+from lpt.numerics import fake_quantize
+
+
+@dataclass(frozen=True)
+class Relu:
+    """x = max(x, 0)."""
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(x, np.float32(0))
+
+
+@dataclass(frozen=True)
+class Clip:
+    """x = min(max(x, low), high)."""
+
+    low: float
+    high: float
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return np.minimum(np.maximum(x, np.float32(self.low)), np.float32(self.high))
+
+
+@dataclass(frozen=True)
+class Sigmoid:
+    """x = 1 / (1 + exp(−x)) in f32."""
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # exp(−x) = inf for x < −88.7: the result is 0, as it should be
+            return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: an ndarray field has no boolean ==
+class Sum:
+    """x = x + other: oneDNN's sum / binary-add post-op, with another f32 tensor broadcastable to x."""
+
+    other: np.ndarray
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return x + np.asarray(self.other, dtype=np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class FakeQuantize:
+    """x = FakeQuantize(x, il, ih, ol, oh, levels), OpenVINO's CPU chain: max, min, ·isc, +ish, round, ·osc+osh.
+
+    Computed by lpt.numerics.fake_quantize (which documents the last-bit details), so that the fused
+    post-op and a standalone FQ agree bit for bit. Limits are scalars or arrays broadcastable to x
+    (e.g. [1, C, 1, 1]).
+    """
+
+    input_low: np.ndarray
+    input_high: np.ndarray
+    output_low: np.ndarray
+    output_high: np.ndarray
+    levels: int
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return fake_quantize(x, self.input_low, self.input_high, self.output_low, self.output_high, self.levels)
+
+
+PostOp = Relu | Clip | Sigmoid | Sum | FakeQuantize
+
+
+def dequantization_multiplier(src_scale, weight_scale) -> np.ndarray:
+    """m[c] = s_src · s_wei[c], one f32 multiply."""
+    return np.asarray(src_scale, dtype=np.float32) * np.asarray(weight_scale, dtype=np.float32)
+
+
+def output_stage(acc, multiplier, bias=None, post_ops: tuple[PostOp, ...] = (), dst_scale=None, dst_zero_point=0,
+                 qmin: int = 0, qmax: int = 255, axis: int = 1) -> np.ndarray:
+    """dst = post_ops(f32(acc)·m[c] + bias[c]), then saturate(rint(dst / s_dst) + zp_dst); f32 if s_dst is None."""
+    acc = np.asarray(acc)
+    x = acc.astype(np.float32) * broadcast_along(np.asarray(multiplier, dtype=np.float32), acc.ndim, axis)
+    if bias is not None:
+        x = x + broadcast_along(np.asarray(bias, dtype=np.float32), acc.ndim, axis)
+    for op in post_ops:
+        x = op.apply(x)
+    if dst_scale is None:
+        return x
+    return quantize(x, dst_scale, dst_zero_point, qmin, qmax)
+
+
+def qlinear_multiplier(x_scale, w_scale, y_scale) -> np.ndarray:
+    """m[c] = (x_scale · w_scale[c]) / y_scale in f32, in that order, as onnxruntime's QLinearConv/QLinearMatMul do."""
+    return (np.asarray(x_scale, dtype=np.float32) * np.asarray(w_scale, dtype=np.float32)
+            / np.asarray(y_scale, dtype=np.float32))
+
+
+def qlinear_output(acc, multiplier, zero_point, qmin: int, qmax: int, bias=None, axis: int = 1) -> np.ndarray:
+    """q = saturate(rint(f32(acc + bias) · m[c]) + zp): QLinearConv/QLinearMatMul's requantization, as MLAS computes it.
+
+    The int32 bias is added to the accumulator in integers (int64 here, where onnxruntime's int32
+    would wrap), converted to f32 once, multiplied by m = qlinear_multiplier(...), rounded half to even.
+    """
+    acc = np.asarray(acc, dtype=np.int64)
+    if bias is not None:
+        acc = acc + broadcast_along(np.asarray(bias, dtype=np.int64), acc.ndim, axis)
+    multiplier = broadcast_along(np.asarray(multiplier, dtype=np.float32), acc.ndim, axis)
+    zero_point = broadcast_along(np.asarray(zero_point, dtype=np.int32), acc.ndim, axis)
+    return round_to_range(acc.astype(np.float32) * multiplier, zero_point, qmin, qmax)
