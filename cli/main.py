@@ -205,7 +205,7 @@ def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_
 
 
 def _print_check(check) -> None:
-    table = Table(title=f"lpt vs onnxruntime on the FQ model: max {check.max_lsb} LSB, "
+    table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB, "
                         f"{check.share_exact:.2%} exactly equal", title_justify="left")
     for column in ("quantized tensor", "max LSB", "exactly equal", "values"):
         table.add_column(column)

@@ -50,12 +50,13 @@ def run_onnxruntime(model: ir.Model | onnx.ModelProto, feeds: dict, outputs: lis
     return dict(zip(names, session.run(names, feeds)))
 
 
-def run_fake_quantized(fq_model: ir.Model, feeds: dict, outputs: list[str]) -> dict[str, np.ndarray]:
-    """The FQ model's tensors: onnxruntime when it can run the model, else ONNX's reference evaluator."""
+def run_fake_quantized(fq_model: ir.Model, feeds: dict, outputs: list[str]) -> tuple[dict[str, np.ndarray], str]:
+    """The FQ model's tensors, and who computed them: onnxruntime when it can run the model, else
+    ONNX's reference evaluator (OpenVINO's FakeQuantize op is unknown to onnxruntime)."""
     try:
-        return run_onnxruntime(fq_model, feeds, outputs)
-    except Exception:  # noqa: BLE001 - e.g. OpenVINO's FakeQuantize op, unknown to onnxruntime
-        return run_reference(to_portable(fq_model), feeds, outputs)
+        return run_onnxruntime(fq_model, feeds, outputs), "onnxruntime"
+    except Exception:  # noqa: BLE001 - onnxruntime refuses the model: fall back to the reference evaluator
+        return run_reference(to_portable(fq_model), feeds, outputs), "onnx reference evaluator"
 
 
 def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Model,
@@ -73,7 +74,7 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
     if not targets:
         return []
     ours = plan.run(feeds, keep=True)
-    reference = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))
+    reference, _ = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))
     result = []
     for source, quantized, function in targets:
         if quantized not in ours:  # fused away inside a step: its integers are not materialized

@@ -42,7 +42,7 @@ def _rewrite(node: ir.Node, model: ir.Model) -> None:
     weight = const_array(x)
     if fq is None or fq.scale is None or (weight is None and not full_range):
         node.domain = OPENVINO_DOMAIN
-        del node.attributes["axis"]
+        node.attributes.pop("axis", None)
         node.resize_inputs(5)
         model.opset_imports.setdefault(OPENVINO_DOMAIN, 1)
         if fq is not None and fq.scale is not None:

@@ -2,6 +2,10 @@
 
     x → QuantizeLinear(s, zp) → DequantizeLinear(s, zp) → ...   ⇒   x → FakeQuantize(s, zp) → ...
     w_q (int constant) → DequantizeLinear(s, zp) → ...          ⇒   w (f32 constant) → FakeQuantize(s, zp) → ...
+    b_q (int32 constant) → DequantizeLinear(s) → ...            ⇒   b (f32 constant) → ...
+
+An int32 constant is a bias quantized for an integer kernel (onnxruntime's QDQ format): it is
+not fake-quantized, only stored as integers, so it becomes the f32 values it stands for.
 
 The FakeQuantize keeps QDQ semantics (scale and zero point as inputs), so outputs stay
 bit-exact. A QuantizeLinear with consumers other than matching DequantizeLinear nodes is left
@@ -73,7 +77,10 @@ class QdqToFakeQuantize(ir.passes.InPlacePass):
             if _is(node, "QuantizeLinear"):
                 modified |= self._try_fuse_pair(node)
             elif _is(node, "DequantizeLinear") and const_array(node.inputs[0]) is not None:
-                modified |= self._try_fold_constant(node)
+                if node.inputs[0].dtype == ir.DataType.INT32:
+                    modified |= self._fold_int32_bias(node)
+                else:
+                    modified |= self._try_fold_constant(node)
         if modified:
             model.opset_imports.setdefault("lpt", 1)
         return ir.passes.PassResult(model, modified)
@@ -127,6 +134,22 @@ class QdqToFakeQuantize(ir.passes.InPlacePass):
         graph.insert_after(dq, node)
         replace_value(dq.outputs[0], node.outputs[0])
         remove_unused(graph, [dq])
+        _remove_unused_initializer(graph, q_value)
+        return True
+
+
+    def _fold_int32_bias(self, dq: ir.Node) -> bool:
+        q_value = dq.inputs[0]
+        scale = const_array(dq.inputs[1])
+        zero_point = const_array(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] is not None else None
+        axis = dq.attributes["axis"].as_int() if "axis" in dq.attributes else 1
+        if scale is None or (len(dq.inputs) > 2 and dq.inputs[2] is not None and zero_point is None):
+            return False
+        graph = dq.graph
+        bias = add_constant(graph, f"{q_value.name}/dequantized",
+                            dequantize_linear(const_array(q_value), scale, zero_point, axis=axis))
+        replace_value(dq.outputs[0], bias)
+        graph.remove(dq, safe=True)
         _remove_unused_initializer(graph, q_value)
         return True
 

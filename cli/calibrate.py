@@ -1,0 +1,105 @@
+"""`lpt calibrate`: parse options, call lpt.calibration.calibrate, save, print a summary.
+
+This module raises lpt's errors (DataError, ModelError, QuantizationError) and leaves them to
+the one-line error handler of cli/main.py; to register it there:
+
+    from cli.calibrate import calibrate
+    calibrate.callback = _one_line_errors(calibrate.callback)
+    main.add_command(calibrate)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import lpt
+from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
+from lpt.calibration import calibrate as run_calibration
+
+console = Console()
+
+
+def default_data(model: Path) -> Path:
+    """MODEL's own .npz beside it (models/NAME.onnx → models/NAME.npz), or a DataError saying what to pass."""
+    data = model.with_suffix(".npz")
+    if model.suffix == ".onnx" and data.is_file():
+        return data
+    raise lpt.DataError(f"no --data given and no {data.name} beside {model}: pass --data DATA (a .npz keyed by "
+                        "input name, a .npy for a single-input model, or a folder of them)")
+
+
+def default_output(model: Path) -> Path:
+    """NAME.fq.onnx beside MODEL."""
+    stem = model.name[: -len(".onnx")] if model.name.endswith(".onnx") else model.name
+    return model.with_name(f"{stem}.fq.onnx")
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path),
+              help="Calibration samples: .npz keyed by input name, .npy (single input), or a folder of them. "
+                   "Default: MODEL's .npz beside it.")
+@click.option("--preset", type=click.Choice([p.value for p in Preset]), default=DEFAULT_PRESET.value,
+              show_default=True, help="performance: symmetric activations; mixed: asymmetric u8 activations.")
+@click.option("--estimator", type=click.Choice([e.value for e in Estimator]), default=DEFAULT_ESTIMATOR.value,
+              show_default=True, help="How activation ranges come from the statistics.")
+@click.option("--subset-size", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Use at most N samples.")
+@click.option("--ignore", multiple=True, metavar="NODE|re:REGEX|OP",
+              help="Leave matching nodes in f32 (node name, regex on names, or op type); repeatable.")
+@click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
+@click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf instead of refusing the data.")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary; print only where the model was written.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the FQ model. "
+              "Default: MODEL_STEM.fq.onnx beside MODEL.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subset_size: int, ignore: tuple[str, ...],
+              no_bias_correction: bool, skip_nonfinite: bool, quiet: bool, output: Path | None, force: bool) -> None:
+    """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
+
+    Activations get per-tensor ranges from the statistics, weights symmetric int8 per output
+    channel; biases absorb the mean error quantization adds. The summary lists the FQs
+    inserted, the ops left in f32 and why.
+
+    \b
+    Example:
+      lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
+      lpt calibrate model.onnx --data samples/ --preset mixed --ignore re:^/head/ -o model.fq.onnx
+    """
+    output = output or default_output(model)
+    if output.exists() and model.exists() and output.resolve() == model.resolve():
+        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
+    if output.exists() and not force:
+        raise lpt.ModelError(f"{output}: already exists (pass --force to replace it)")
+    data = data if data is not None else default_data(model)
+    result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
+                             ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
+                             quiet=quiet)
+    lpt.save(result.model, output, overwrite=force)
+    if not quiet:
+        print_summary(result.report, model)
+    click.echo(f"wrote {output}")
+
+
+def print_summary(report, model: Path) -> None:
+    inserted = Table(title=f"{model.name}: FakeQuantizes inserted ({report.preset} preset, {report.estimator})",
+                     title_justify="left")
+    inserted.add_column("kind")
+    inserted.add_column("count", justify="right")
+    for kind, count in report.fake_quantizes.items():
+        inserted.add_row(kind, str(count))
+    console.print(inserted)
+    if report.left_f32:
+        left = Table(title=f"left in f32 ({len(report.left_f32)})", title_justify="left")
+        for column in ("node", "op", "why"):
+            left.add_column(column)
+        for s in report.left_f32:
+            left.add_row(s.node, s.op_type, s.reason)
+        console.print(left)
+    skipped = f", {report.skipped_samples} skipped for NaN/Inf" if report.skipped_samples else ""
+    corrected = f"; {len(report.bias_corrected)} biases corrected" if report.bias_corrected else ""
+    console.print(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")
