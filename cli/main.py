@@ -135,7 +135,7 @@ def transform(model: Path, output: Path, force: bool, quiet: bool) -> None:
     lpt.transform(m)
     lpt.save(m, output, overwrite=force)
     if not quiet:
-        _print_precisions(lpt.op_precisions(m))
+        _print_precisions(lpt.op_precisions(m, lpt.compile_model(m)))
     click.echo(f"wrote {output}")
 
 
@@ -244,6 +244,170 @@ def export(model: Path, output: Path, force: bool) -> None:
     lpt.model_io.write_model(exported, output, overwrite=force)
     click.echo(f"{len(report.fused)} QLinear ops; {len(report.approximated)} places round differently than lpt")
     click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path),
+              help="Sample inputs (.npz keyed by input name, .npy, or a folder). Default: MODEL's .npz beside it.")
+@click.option("-o", "--output-prefix", type=click.Path(path_type=Path),
+              help="Write PREFIX.fq.onnx and PREFIX.int8.onnx. Default: beside MODEL, named after it.")
+@click.option("--preset", type=click.Choice(["performance", "mixed"]), help="Activation scheme (default: the "
+              "calibration default, see README).")
+@click.option("--estimator", type=click.Choice(["minmax", "mean_minmax", "percentile", "mse", "kl"]),
+              help="Range estimator for activations.")
+@click.option("--subset-size", default=300, show_default=True, help="Samples used to calibrate and to check.")
+@click.option("--ignore", multiple=True, help="Leave in f32: a node name, re:REGEX, or an op type. Repeatable.")
+@click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
+@click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the report as JSON here.")
+@click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@_one_line_errors
+def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
+             json_path, force, quiet) -> None:
+    """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
+
+    An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
+    fake-quantized (QDQ, OpenVINO FakeQuantize, QLinearConv, ...) goes straight on. Then the
+    low precision transformations make the int8 graph, lpt's int8 backend runs it on the data
+    and cross-checks it against onnxruntime, and the fp32-vs-int8 agreement is reported.
+
+    \b
+    Example:
+      lpt quantize models/digits_cnn.onnx
+      lpt quantize my_model.onnx --data samples.npz --preset mixed -o build/my_model
+    """
+    prefix = output_prefix or model.with_suffix("")
+    for path in (Path(f"{prefix}.fq.onnx"), Path(f"{prefix}.int8.onnx")):
+        _refuse_input_as_output(model, path)
+        if path.exists() and not force:
+            raise lpt.ModelError(f"{path}: already exists (pass --force to replace it)")
+    status = console.status("loading") if not quiet and console.is_terminal else None
+    if status is not None:
+        status.start()
+    try:
+        result = lpt.quantize(model, data if data is not None else _default_data(model, None), preset=preset,
+                              estimator=estimator, subset_size=subset_size, ignore=ignore,
+                              bias_correction=not no_bias_correction, recalibrate=recalibrate,
+                              quiet=quiet or not console.is_terminal,
+                              on_stage=(lambda name: status.update(name)) if status is not None else None)
+    finally:
+        if status is not None:
+            status.stop()
+    fq_path, int8_path = result.save(prefix, overwrite=force)
+    if json_path is not None:
+        lpt.model_io.write_bytes(json.dumps(result.report.to_dict(), indent=2).encode(), json_path, overwrite=force)
+    _print_quantize_report(result.report)
+    click.echo(f"wrote {fq_path} and {int8_path}")
+
+
+def _print_quantize_report(report) -> None:
+    if report.calibration is not None:
+        c = report.calibration
+        inserted = ", ".join(f"{n} {kind}" for kind, n in c.fake_quantizes.items())
+        console.print(f"calibrated on {c.samples} samples ({c.preset} preset, {c.estimator} estimator): "
+                      f"FakeQuantize on {inserted}")
+        for skipped in c.left_f32:
+            console.print(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
+    else:
+        console.print("the model was already fake-quantized: calibration skipped")
+    ops = report.to_dict()["ops"]
+    console.print(f"int8 graph: {ops['int8']} int8 ops, {ops['quantize']} quantize, {ops['dequantize']} dequantize, "
+                  f"{ops['fused']} f32 ops fused into int8 kernels, {ops['f32']} f32")
+    for p in report.precisions:
+        if p.precision == "f32":
+            console.print(f"  f32: {p.node} ({p.op_type}): {p.reason}")
+    check = report.check
+    console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB over {len(check.tensors)} quantized tensors, "
+                  f"{check.share_exact:.2%} exactly equal")
+    for o in check.outputs:
+        console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}")
+    agreement = report.agreement
+    for name, a in agreement.outputs.items():
+        console.print(f"fp32 vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
+                      f"max |err| {a.max_abs_error:.3g}")
+    if agreement.top1 is not None:
+        console.print(f"  top-1 agreement with fp32: {agreement.top1.agreement:.2%}")
+    console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items()))
+
+
+@main.command("compare")
+@click.argument("reference", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), required=True,
+              help="Inputs (.npz keyed by input name, .npy, or a folder); labels may sit in the same .npz.")
+@click.option("--labels", "labels_key", help="The key of the labels in DATA (gives top-1 accuracy of both).")
+@click.option("--backend", type=click.Choice(["lpt", "onnxruntime"]), default="lpt", show_default=True,
+              help="What runs CANDIDATE: lpt's int8 backend, or onnxruntime (its own int8 kernels).")
+@click.option("--per-layer", is_flag=True, help="SQNR per layer, worst first, tensors matched by name.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the comparison as JSON here.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Draw the per-layer SQNR as a PNG bar chart.")
+@click.option("--force", is_flag=True, help="Replace existing --json/--plot files.")
+@_one_line_errors
+def compare_command(reference, candidate, data, labels_key, backend, per_layer, json_path, plot, force) -> None:
+    """Compare CANDIDATE (an FQ or int8 model) with REFERENCE (usually the fp32 model).
+
+    Per output: SQNR, cosine similarity, max and mean absolute error; with --labels, top-1
+    accuracy of both and the drop; without, how often their top-1 agree. --per-layer finds
+    where the error comes from.
+
+    \b
+    Example:
+      lpt compare models/digits_cnn.onnx models/digits_cnn.ort_qdq.onnx \\
+          --data models/digits_cnn.test.npz --labels labels --per-layer
+    """
+    comparison = lpt.compare(reference, candidate, data, labels=labels_key, backend=backend,
+                             per_layer=per_layer or plot is not None)
+    result = comparison.to_dict()
+    table = Table(title=f"{candidate.name} vs {reference.name} ({backend})", title_justify="left")
+    for column in ("output", "SQNR dB", "cosine", "max |err|", "mean |err|"):
+        table.add_column(column)
+    for name, a in comparison.outputs.items():
+        table.add_row(name, f"{a.sqnr_db:.2f}", f"{a.cosine:.6f}", f"{a.max_abs_error:.4g}", f"{a.mean_abs_error:.4g}")
+    console.print(table)
+    if "accuracy" in result:
+        acc = result["accuracy"]
+        console.print(f"top-1: reference {acc['reference']:.2%}, candidate {acc['candidate']:.2%}, "
+                      f"drop {100 * acc['drop']:.2f} pt")
+    elif "agreement" in result:
+        console.print(f"top-1 agreement: {result['agreement']:.2%}")
+    if comparison.layers:
+        layers = Table(title="per layer, worst first", title_justify="left")
+        for column in ("tensor", "op", "SQNR dB", "computed in"):
+            layers.add_column(column)
+        for layer in comparison.layers:
+            layers.add_row(layer.name, layer.op, f"{layer.sqnr_db:.2f}", layer.precision,
+                           style="yellow" if layer.precision == "f32" else None)
+        console.print(layers)
+    if json_path is not None:
+        lpt.model_io.write_bytes(json.dumps(result, indent=2).encode(), json_path, overwrite=force)
+    if plot is not None:
+        lpt.model_io.write_bytes(_plot_layers(comparison), plot, overwrite=force)
+        click.echo(f"wrote {plot}")
+
+
+def _plot_layers(comparison) -> bytes:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise lpt.LptError("--plot needs matplotlib: pip install 'lpt[plot]'") from None
+    import io
+
+    layers = comparison.layers
+    figure, axes = plt.subplots(figsize=(8, 0.3 * len(layers) + 1.5))
+    colors = ["tab:orange" if l.precision == "f32" else "tab:blue" for l in layers]
+    axes.barh([l.name for l in layers], [l.sqnr_db for l in layers], color=colors)
+    axes.invert_yaxis()
+    axes.set_xlabel("SQNR vs reference (dB); orange: computed in f32")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
 
 
 if __name__ == "__main__":

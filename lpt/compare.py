@@ -102,7 +102,8 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
         lpt.transform(int8)
         plan = lpt.compile_model(int8)
         if per_layer:
-            probes = _quantized_probes(int8, plan, {v.name for n in reference.graph for v in n.outputs})
+            names = {v.name for n in reference.graph for v in n.outputs} | {v.name for v in reference.graph.inputs}
+            probes = _quantized_probes(int8, plan, names)
     elif per_layer:
         candidate_names = {v.name for n in candidate.graph for v in n.outputs}
         probes = {n.outputs[0].name: (n.outputs[0].name, None, "f32") for n in reference.graph

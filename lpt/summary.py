@@ -39,7 +39,7 @@ class UnquantizedOp:
 class OpPrecision:
     node: str
     op_type: str
-    precision: str  # "int8", "quantize", "dequantize" or "f32"
+    precision: str  # "int8", "quantize", "dequantize", "fused" (f32 inside an int8 kernel call) or "f32"
     reason: str = ""
 
 
@@ -108,11 +108,19 @@ def summarize(model: ir.Model) -> ModelSummary:
 _8_BIT = (ir.DataType.UINT8, ir.DataType.INT8, ir.DataType.INT32)
 
 
-def op_precisions(model: ir.Model) -> list[OpPrecision]:
-    """Per node of a transformed graph: does it run on integers, and if not, why."""
+def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
+    """Per node of a transformed graph: does it run on integers, and if not, why.
+
+    With the compiled `plan`, f32 nodes that the backend fuses into an int8 kernel call (a
+    bias add, a Relu before the next quantize: the kernel's output stage) say so.
+    """
     from lpt.transformations.base import recorded_reason
     from lpt.transformations.dequantization import Dequantization
 
+    fused = set()
+    if plan is not None:
+        fused = {name for step in plan.steps if step.backend == "int8 kernel" and len(step.nodes) > 1
+                 for name in step.nodes}
     dequantize = set()
     for node in model.graph:
         dq = Dequantization.of(node.outputs[0]) if node.op_type == "Mul" else None
@@ -121,14 +129,18 @@ def op_precisions(model: ir.Model) -> list[OpPrecision]:
     report = []
     for node in model.graph:
         name = node.name or node.op_type
-        integer_in = any(v is not None and v.dtype in _8_BIT for v in node.inputs)
+        # Constant inputs (zero points, shapes) do not make an op integer: its data inputs do.
+        integer_in = any(v is not None and v.dtype in _8_BIT and const_array(v) is None for v in node.inputs)
         integer_out = any(v.dtype in _8_BIT for v in node.outputs)
+        reason = ""
         if id(node) in dequantize:
-            precision, reason = "dequantize", ""
+            precision = "dequantize"
         elif integer_out and not integer_in:
-            precision, reason = "quantize", ""
+            precision = "quantize"
         elif integer_in:
-            precision, reason = "int8", ""
+            precision = "int8"
+        elif name in fused:
+            precision, reason = "fused", "f32 output stage of an int8 kernel"
         else:
             precision = "f32"
             reason = recorded_reason(node) or _default_reason(node)

@@ -63,6 +63,8 @@ def _chain(node: ir.Node):
         return None
     if relu is not None and int(y_zp) != np.iinfo(y_zp.dtype).min:
         return None
+    if node.inputs[0].dtype.numpy() != y_zp.dtype:
+        return None  # onnxruntime's QLinear kernels want the output type equal to the input type
     return cast, mul, add, relu, quantize
 
 

@@ -19,8 +19,9 @@ def replace_value(old: ir.Value, new: ir.Value, *, keep_name: bool = True) -> No
     (it is an input, an initializer, another output, or keeps its own name) an Identity does.
     """
     graph = old.graph
-    fixed = new.is_graph_input() or new.is_initializer() or new.is_graph_output() or not keep_name
-    if old.is_graph_output() and fixed and graph is not None:
+    # Inputs, initializers and outputs are named by the model's interface: never renamed here.
+    fixed = new.is_graph_input() or new.is_initializer() or new.is_graph_output()
+    if old.is_graph_output() and (fixed or not keep_name) and graph is not None:
         identity = ir.node("Identity", [new], name=f"{old.name}/keep_name")
         producer = new.producer()
         if producer is not None and producer.graph is graph:
@@ -29,8 +30,8 @@ def replace_value(old: ir.Value, new: ir.Value, *, keep_name: bool = True) -> No
             graph.insert_before(graph[0], identity)
         new = identity.outputs[0]
         new.type, new.shape = old.type, old.shape
-        keep_name = True
-    if keep_name:
+        fixed, keep_name = False, True
+    if keep_name and not fixed:
         take_name(new, old)
     ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
 

@@ -1,0 +1,178 @@
+"""`lpt.quantize`: the whole job in one call, and the object holding everything it made.
+
+    result = lpt.quantize("models/digits_cnn.onnx")          # data: digits_cnn.npz beside it
+    result.save("digits_cnn")                                # digits_cnn.fq.onnx, digits_cnn.int8.onnx
+    outputs = result.run("models/digits_cnn.test.npz")       # on lpt's int8 backend
+    print(result.compare("models/digits_cnn.test.npz", labels="labels").to_dict())
+
+The stages, each also callable on its own: load (normalize any FQ form) → calibrate (fp32
+models only) → transform → compile → run on the data → cross-check with onnxruntime.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedOpsetsPass
+
+from lpt.backend import Plan, compile_model
+from lpt.calibration import CalibrationReport, calibrate
+from lpt.calibration.data import CalibrationData, input_specs
+from lpt.compare import Comparison, compare
+from lpt.errors import DataError, ModelError
+from lpt.execute import CrossCheck, cross_check, run_plan
+from lpt.export.int8 import ExportReport, to_standard_int8
+from lpt.graph.fake_quantize_op import is_fake_quantize
+from lpt.graph.rewrite import replace_value
+from lpt.model_io import clone, read_model
+from lpt.normalize import normalize
+from lpt.summary import OpPrecision, op_precisions, summarize
+from lpt.transformations.pipeline import transform
+
+
+@dataclass
+class QuantizeReport:
+    calibration: CalibrationReport | None  # None: the model came fake-quantized
+    precisions: list[OpPrecision]
+    check: CrossCheck
+    agreement: Comparison  # the reference (fp32, or the FQ model) vs lpt's int8 run on the data
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def int8_ops(self) -> int:
+        return sum(p.precision == "int8" for p in self.precisions)
+
+    def to_dict(self) -> dict:
+        calibration = None
+        if self.calibration is not None:
+            c = self.calibration
+            calibration = {"preset": c.preset, "estimator": c.estimator, "fake_quantizes": c.fake_quantizes,
+                           "left_f32": [{"node": s.node, "op": s.op_type, "reason": s.reason} for s in c.left_f32],
+                           "samples": c.samples, "bias_corrected": list(c.bias_corrected)}
+        return {
+            "calibration": calibration,
+            "ops": {k: sum(p.precision == k for p in self.precisions)
+                    for k in ("int8", "quantize", "dequantize", "fused", "f32")},
+            "f32_ops": [{"node": p.node, "op": p.op_type, "reason": p.reason}
+                        for p in self.precisions if p.precision == "f32"],
+            "cross_check": {"max_lsb": self.check.max_lsb, "share_exact": self.check.share_exact,
+                            "tensors": [t.__dict__ for t in self.check.tensors],
+                            "outputs": [o.__dict__ for o in self.check.outputs]},
+            "agreement": self.agreement.to_dict(),
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class QuantizeResult:
+    fq_model: ir.Model
+    int8_model: ir.Model
+    plan: Plan
+    report: QuantizeReport
+    reference: ir.Model  # what the int8 model was compared with: the fp32 model, or the FQ model
+
+    def run(self, data, batch_size: int = 32) -> dict[str, np.ndarray]:
+        """Outputs of the int8 model on lpt's backend over `data`."""
+        dataset = CalibrationData(data, input_specs(self.int8_model), batch_size=batch_size)
+        return run_plan(self.plan, dataset.batches())[0]
+
+    def export(self) -> tuple[ir.Model, ExportReport]:
+        """Standard ONNX int8 (QLinearConv, ...) for onnxruntime."""
+        return to_standard_int8(self.int8_model)
+
+    def compare(self, data, *, labels: str | None = None, per_layer: bool = False) -> Comparison:
+        return compare(self.reference, self.fq_model, data, labels=labels, per_layer=per_layer)
+
+    def save(self, prefix: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
+        """PREFIX.fq.onnx (portable QDQ) and PREFIX.int8.onnx (lpt's int8 graph), atomically."""
+        from lpt import save
+
+        fq_path, int8_path = Path(f"{prefix}.fq.onnx"), Path(f"{prefix}.int8.onnx")
+        for path in (fq_path, int8_path):  # check both before writing either
+            if path.exists() and not overwrite:
+                raise ModelError(f"{path}: already exists (pass --force / overwrite=True to replace it)")
+        return save(self.fq_model, fq_path, overwrite=overwrite), save(self.int8_model, int8_path, overwrite=overwrite)
+
+
+def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | None = None,
+             estimator: str | None = None, subset_size: int = 300, ignore=(), bias_correction: bool = True,
+             recalibrate: bool = False, quiet: bool = True, on_stage=None) -> QuantizeResult:
+    """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
+
+    `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
+    graph runs on for the report; by default the .npz beside a model path. A model that already
+    holds FakeQuantize-equivalent patterns skips calibration unless `recalibrate`. `on_stage(name)`
+    is called as each stage starts (the CLI shows it).
+    """
+    seconds: dict[str, float] = {}
+    stage = on_stage or (lambda name: None)
+
+    def timed(name, function, *args, **kwargs):
+        stage(name)
+        start = time.perf_counter()
+        value = function(*args, **kwargs)
+        seconds[name] = time.perf_counter() - start
+        return value
+
+    if data is None:
+        data = _data_beside(model)
+    original = timed("load", _load, model)
+    fq_model = clone(original)
+    normalize(fq_model)
+    already_quantized = bool(summarize(fq_model).fake_quantized)
+    calibration = None
+    if not already_quantized or recalibrate:
+        options = {k: v for k, v in (("preset", preset), ("estimator", estimator)) if v is not None}
+        fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
+        result = timed("calibrate", calibrate, fp32, data, subset_size=subset_size, ignore=ignore,
+                       bias_correction=bias_correction, quiet=quiet, **options)
+        fq_model, calibration, reference = result.model, result.report, fp32
+        normalize(fq_model)
+    else:
+        reference = fq_model
+    int8_model = clone(fq_model)
+    timed("transform", transform, int8_model)
+    plan = timed("compile", compile_model, int8_model)
+    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size)
+    first = next(iter(dataset.batches()))
+    check = timed("cross-check", cross_check, fq_model, int8_model, plan, first)
+    agreement = timed("run", compare, reference, fq_model, _limited(data, int8_model, subset_size))
+    report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds)
+    return QuantizeResult(fq_model, int8_model, plan, report, reference)
+
+
+def _load(model) -> ir.Model:
+    return read_model(model) if isinstance(model, (str, os.PathLike)) else clone(model)
+
+
+def _data_beside(model) -> Path:
+    if not isinstance(model, (str, os.PathLike)):
+        raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")
+    beside = Path(model).with_suffix(".npz")
+    if not beside.exists():
+        raise DataError(f"no data given and no {beside.name} beside {Path(model).name}: pass --data with an .npz "
+                        "keyed by input name, an .npy (single-input models) or a folder of them")
+    return beside
+
+
+def _limited(data, model: ir.Model, subset_size: int):
+    """The first `subset_size` samples of `data`, as one dict (compare reads the data once)."""
+    dataset = CalibrationData(data, input_specs(model), subset_size=subset_size)
+    batches = list(dataset.batches())
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def _without_fake_quantize(model: ir.Model) -> ir.Model:
+    """A copy with every FakeQuantize bypassed, to calibrate afresh (weights keep their old rounding)."""
+    stripped = clone(model)
+    for node in list(ir.traversal.RecursiveGraphIterator(stripped.graph)):
+        if is_fake_quantize(node):
+            replace_value(node.outputs[0], node.inputs[0])
+            node.graph.remove(node, safe=True)
+    RemoveUnusedOpsetsPass()(stripped)
+    return stripped
