@@ -128,6 +128,8 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
             dequantize.update(id(n) for n in dq.nodes)
     report = []
     for node in model.graph:
+        if node.op_type == "Constant":
+            continue  # not an op that runs: a value
         name = node.name or node.op_type
         # Constant inputs (zero points, shapes) do not make an op integer: its data inputs do.
         integer_in = any(v is not None and v.dtype in _8_BIT and const_array(v) is None for v in node.inputs)

@@ -9,7 +9,10 @@
     Cast → [Sub] → Mul → AveragePool|GlobalAveragePool → QuantizeLinear
                                                       integer average (exact half-to-even, see
                                                       lpt.kernels.pooling), rescaled to the output;
-    MaxPool, Relu, Max(zero point), Clip on integers  integer kernels.
+    MaxPool, Relu, Max(zero point), Clip on integers  integer kernels;
+    Add|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
+                                                      argument scaling: each branch dequantized
+                                                      with its own scale, joined, requantized.
 
 Every step computes the same f32 operations, in the same order, as the ONNX nodes it replaces,
 so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests) — except
@@ -28,6 +31,7 @@ from lpt.backend.plan import Step
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import read_fake_quantize
 from lpt.numerics.levels import level_range
+from lpt.transformations.dequantization import Dequantization
 
 _INTEGER = (ir.DataType.UINT8, ir.DataType.INT8)
 _POST_OPS = ("Relu", "Clip", "Sigmoid")
@@ -66,6 +70,43 @@ def try_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip"):
         return _integer_op(node)
     return None
+
+
+def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
+    """Add or Concat of dequantized 8-bit branches followed by a quantize: one step from integers to integers."""
+    if node.op_type not in ("Add", "Concat") or node.domain not in ("", "ai.onnx"):
+        return None
+    branches = []
+    for value in node.inputs:
+        dq = Dequantization.of(value)
+        if dq is None or dq.data.dtype not in _INTEGER or len(list(value.consumers())) != 1 or value.is_graph_output():
+            return None
+        branches.append(dq)
+    if len(branches) < 2:
+        return None
+    nodes, last = [n for dq in branches for n in dq.nodes] + [node], node
+    relu = _only_consumer(node.outputs[0], ("Relu",))
+    if relu is not None:
+        nodes.append(relu)
+        last = relu
+    destination = _destination(last.outputs[0])
+    if destination is None:
+        return None
+    nodes.append(destination[0])
+    parameters = [(dq.scale, dq.shift) for dq in branches]
+    axis = _attr(node, "axis", 0)
+
+    def run(*integers):
+        parts = []
+        for q, (scale, shift) in zip(integers, parameters):
+            x = q.astype(np.float32)
+            parts.append((x - shift if shift is not None else x) * scale)
+        x = parts[0] + parts[1] if node.op_type == "Add" else np.concatenate(parts, axis=axis)
+        if relu is not None:
+            x = np.maximum(x, np.float32(0))
+        return [destination[1](x)]
+
+    return _step(run, [dq.data for dq in branches], nodes)
 
 
 def _accumulate_chain(node: ir.Node):

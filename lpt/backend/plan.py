@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from lpt.backend.fallback import NodeRunner
 from lpt.errors import DataError
+from lpt.graph.constants import const_array
 
 logger = logging.getLogger(__name__)
 
@@ -83,27 +84,44 @@ def _typed(model: ir.Model) -> ir.Model:
 
 
 def compile_model(model: ir.Model, threads: int = 0) -> Plan:
-    """Resolve every node of `model` to a step; fuse the int8 chains lpt has kernels for."""
-    from lpt.backend.int8_steps import try_int8_step
+    """Resolve every node of `model` to a step; fuse the int8 chains lpt has kernels for.
+
+    Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
+    over both branches; then every other node in order. A fused step runs where its last node
+    stood: every input of the group is ready by then, in any topological order.
+    """
+    from lpt.backend.int8_steps import try_int8_step, try_join_step
 
     model = _typed(model)
     graph = model.graph
     opsets = dict(model.opset_imports)
     constants = {name: value.const_value.numpy() for name, value in graph.initializers.items()}
-    steps: list[Step] = []
-    covered: set[int] = set()
+    position = {id(node): i for i, node in enumerate(graph)}
+    placed: list[tuple[int, Step]] = []
+    claimed: set[int] = set()
+
+    def place(step: Step, nodes: list[ir.Node]) -> None:
+        claimed.update(id(n) for n in nodes)
+        placed.append((max(position[id(n)] for n in nodes), step))
+
     for node in graph:
-        if id(node) in covered:
+        fused = try_join_step(node)
+        if fused is not None and not any(id(n) in claimed for n in fused[1]):
+            place(*fused)
+    for node in graph:
+        if id(node) in claimed:
+            continue
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = try_int8_step(node)
-        if fused is not None:
-            step, nodes = fused
-            covered.update(id(n) for n in nodes)
-            steps.append(step)
+        if fused is not None and not any(id(n) in claimed for n in fused[1]):
+            place(*fused)
             continue
         runner = NodeRunner(node, opsets, threads)
-        steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
-                          (node.name,), (node.op_type,), runner.backend))
+        place(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
+                   (node.name,), (node.op_type,), runner.backend), [node])
+    steps = [step for _, step in sorted(placed, key=lambda item: item[0])]
     plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants],
                 [v.name for v in graph.outputs], constants)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))

@@ -3,7 +3,8 @@
     DQ(q; s, z) + c  ⇒  DQ(q; s, z − c/s)       DQ(q; s, z) · c  ⇒  DQ(q; s·c, z)
 
 A scalar constant always folds; a per-channel one only when the dequantization is per
-tensor or varies along the same axis. The new shift may not be an integer: it then stays an
+tensor or varies along the same axis. On an int32 accumulator only Mul folds (attention's
+1/√d joins the scale); an Add there is a bias, which stays an f32 add in the output stage. The new shift may not be an integer: it then stays an
 f32 Subtract, and the next integer op says so.
 """
 
@@ -40,8 +41,8 @@ class ConstantArithmeticTransformation(LayerTransformation):
         dq, constant = _split(node)
         if dq is None:
             return Check.fail("not a dequantized tensor and a constant")
-        if dq.data.dtype not in (ir.DataType.UINT8, ir.DataType.INT8):
-            return Check.fail("an accumulator's bias stays an f32 Add after dequantization")
+        if node.op_type == "Add" and dq.data.dtype not in (ir.DataType.UINT8, ir.DataType.INT8):
+            return Check.fail("a bias stays an f32 Add after the accumulator's dequantization (the kernel's output stage)")
         if constant.size > 1 and not _keeps_shape(dq.data, constant):
             return Check.fail("the constant would broadcast the tensor to a bigger shape")
         if constant.size > 1 and not dq.is_per_tensor:
