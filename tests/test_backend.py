@@ -104,3 +104,20 @@ def test_dequantize_then_quantize_is_one_requantize_step():
     assert ("Cast", "Sub", "Mul", "QuantizeLinear") in [s.op_types for s in plan.steps]
     x = RNG.uniform(-2, 3, (4, 5)).astype(np.float32)
     np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize("op", ["Add", "Concat"])
+def test_join_of_two_quantized_branches_is_one_integer_step(op):
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    attrs = {"axis": 1} if op == "Concat" else {}
+    joined = g.op(op, [g.fq("a", 0.02, np.uint8(100)), g.fq("b", 0.05, np.uint8(7))], **attrs)
+    g.op("Relu", [g.fq(joined, 0.03, np.uint8(50))], name="y")
+    _, m = g.build({"a": [2, 3], "b": [2, 3]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    join = next(s for s in plan.steps if op in s.op_types)
+    assert join.backend == "int8 kernel" and join.op_types[-1] == "QuantizeLinear"
+    feeds = {"a": RNG.uniform(-2, 3, (2, 3)).astype(np.float32), "b": RNG.uniform(-1, 1, (2, 3)).astype(np.float32)}
+    np.testing.assert_array_equal(plan.run(feeds)["y"], run_ort(m, feeds)[0])
