@@ -387,6 +387,48 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
         click.echo(f"wrote {plot}")
 
 
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), help="Inputs; the first sample is timed. Default: MODEL's "
+              ".npz beside it.")
+@click.option("--fp32", "fp32_path", type=click.Path(path_type=Path), help="The fp32 model, timed in onnxruntime "
+              "as the baseline of the ratios.")
+@click.option("--threads", default=2, show_default=True, help="Threads for every engine (BLAS and onnxruntime).")
+@click.option("--repeats", default=20, show_default=True, help="Timed runs per engine; the median is reported.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_one_line_errors
+def bench(model: Path, data, fp32_path, threads: int, repeats: int, as_json: bool) -> None:
+    """Time lpt's int8 backend against onnxruntime on a fake-quantized MODEL (batch of one sample).
+
+    Reports median latency of lpt's int8 plan, of onnxruntime on the QDQ model (its own int8
+    kernels) and, with --fp32, of onnxruntime on the fp32 model, as ratios, plus where lpt's
+    time goes. bench/resnet18.py runs the same on a ResNet-18-shaped model.
+
+    \b
+    Example:
+      lpt bench models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.npz --fp32 models/digits_cnn.onnx
+    """
+    from lpt.benchmark import benchmark
+    from lpt.calibration.data import CalibrationData, input_specs
+
+    fq = lpt.load(model)
+    dataset = CalibrationData(_default_data(model, data), input_specs(fq), subset_size=1, batch_size=1)
+    feeds = next(iter(dataset.batches()))
+    fp32 = lpt.read_model(fp32_path) if fp32_path is not None else None
+    result = benchmark(fq, feeds, fp32_model=fp32, threads=threads, repeats=repeats)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    ratios = result.ratios()
+    table = Table(title=f"median of {repeats} runs, {threads} threads", title_justify="left")
+    for column in ("engine", "ms", "× onnxruntime fp32"):
+        table.add_column(column)
+    for engine, ms in result.median_ms.items():
+        table.add_row(engine, f"{ms:.3f}", f"{ratios[engine]:.2f}" if ratios else "-")
+    console.print(table)
+    console.print("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5]))
+
+
 def _plot_layers(comparison) -> bytes:
     try:
         import matplotlib

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from lpt.backend import compile_model
+from lpt.calibration import CalibrationResult, calibrate
 from lpt.compare import Comparison, compare
 from lpt.pipeline import QuantizeResult, quantize
 from lpt.errors import DataError, LptError, ModelError, QuantizationError
@@ -81,6 +82,6 @@ def save(model: ir.Model, path: str | os.PathLike, *, overwrite: bool = False) -
 
 __all__ = [
     "DataError", "FakeQuantize", "LptError", "ModelError", "ModelSummary", "OpPrecision", "QuantizationError",
-    "Comparison", "QuantizeResult", "compare", "quantize", "ExportReport", "TransformResult", "clone", "compile_model", "export_int8", "load", "model_io", "run", "normalize", "op_precisions", "read_fake_quantize", "read_model", "run_reference",
+    "CalibrationResult", "calibrate", "Comparison", "QuantizeResult", "compare", "quantize", "ExportReport", "TransformResult", "clone", "compile_model", "export_int8", "load", "model_io", "run", "normalize", "op_precisions", "read_fake_quantize", "read_model", "run_reference",
     "save", "summarize", "to_portable", "transform", "write_model", "__version__",
 ]

@@ -10,7 +10,7 @@ import lpt
 from cli.main import main
 from tests.transformations.test_pipeline import conv_net
 
-COMMANDS = ["inspect", "normalize", "transform", "run", "export"]
+COMMANDS = ["inspect", "normalize", "transform", "run", "export", "quantize", "compare", "bench"]
 
 
 @pytest.fixture

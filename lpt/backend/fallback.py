@@ -45,7 +45,7 @@ def node_model(node: ir.Node, opsets: dict[str, int]) -> tuple[onnx.ModelProto, 
 class NodeRunner:
     """Runs one node with onnxruntime, or ONNX's reference evaluator where onnxruntime can't."""
 
-    def __init__(self, node: ir.Node, opsets: dict[str, int], threads: int = 0):
+    def __init__(self, node: ir.Node, opsets: dict[str, int], threads: int = 1):
         proto, self.input_names = node_model(node, opsets)
         self.output_names = [v.name for v in node.outputs]
         self.backend = "onnxruntime"
@@ -53,6 +53,9 @@ class NodeRunner:
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+            # Idle onnxruntime threads spin by default, and would steal the cores the int8
+            # kernels' BLAS threads run on between two fallback ops.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
             self._run = lambda feeds: self._session.run(self.output_names, feeds)
         except Exception:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for an integer type

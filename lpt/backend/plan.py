@@ -83,7 +83,7 @@ def _typed(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def compile_model(model: ir.Model, threads: int = 0) -> Plan:
+def compile_model(model: ir.Model, threads: int = 1) -> Plan:
     """Resolve every node of `model` to a step; fuse the int8 chains lpt has kernels for.
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back

@@ -1,0 +1,95 @@
+"""Latency of lpt's int8 backend against onnxruntime, measured in one run (`lpt bench`).
+
+Each engine runs the same batch repeatedly; the median of the repeats is reported, and the
+ratios are what to read (this machine is shared and noisy). Threads are pinned to the same
+count for all: onnxruntime's intra-op pool, and the BLAS pool lpt's integer GEMM goes through.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+from threadpoolctl import threadpool_limits
+
+from lpt.backend import compile_model
+from lpt.export.portable import to_portable
+from lpt.model_io import clone, to_proto
+from lpt.transformations.pipeline import transform
+
+
+@dataclass
+class BenchResult:
+    threads: int
+    repeats: int
+    median_ms: dict[str, float] = field(default_factory=dict)
+    profile: list[tuple[str, float]] = field(default_factory=list)  # (step, median ms), slowest first
+
+    def ratios(self, baseline: str = "onnxruntime fp32") -> dict[str, float]:
+        base = self.median_ms.get(baseline)
+        return {k: v / base for k, v in self.median_ms.items()} if base else {}
+
+    def to_dict(self) -> dict:
+        return {"threads": self.threads, "repeats": self.repeats, "median_ms": self.median_ms,
+                "ratio_to_onnxruntime_fp32": self.ratios(), "profile_ms": dict(self.profile)}
+
+
+def _median_ms(function, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _session(model, threads: int, optimize: bool):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    proto = model if not isinstance(model, ir.Model) else to_proto(to_portable(model))
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: ir.Model | None = None,
+              threads: int = 2, repeats: int = 20, profile: bool = True) -> BenchResult:
+    """Median latency on `feeds` of lpt's int8 plan, onnxruntime on the FQ (QDQ) model with its
+    own int8 kernels, and onnxruntime on the fp32 model when given."""
+    int8 = clone(fq_model)
+    transform(int8)
+    result = BenchResult(threads, repeats)
+    with threadpool_limits(limits=threads):
+        plan = compile_model(int8, threads=threads)
+        result.median_ms["lpt int8"] = _median_ms(lambda: plan.run(feeds), repeats)
+        qdq = _session(fq_model, threads, optimize=True)
+        result.median_ms["onnxruntime QDQ"] = _median_ms(lambda: qdq.run(None, feeds), repeats)
+        if fp32_model is not None:
+            fp32 = _session(fp32_model, threads, optimize=True)
+            result.median_ms["onnxruntime fp32"] = _median_ms(lambda: fp32.run(None, feeds), repeats)
+        if profile:
+            result.profile = _profile(plan, feeds, max(3, repeats // 4))
+    return result
+
+
+def _profile(plan, feeds, repeats: int) -> list[tuple[str, float]]:
+    """Median time per step: where lpt's time goes."""
+    env = {**plan.constants, **feeds}
+    timings: dict[int, list[float]] = {i: [] for i in range(len(plan.steps))}
+    for _ in range(repeats):
+        for i, step in enumerate(plan.steps):
+            start = time.perf_counter()
+            outputs = step.run(*[env[n] for n in step.inputs])
+            timings[i].append((time.perf_counter() - start) * 1e3)
+            env.update(zip(step.outputs, outputs))
+    rows = [(f"{'+'.join(plan.steps[i].op_types)} [{plan.steps[i].nodes[0]}]", statistics.median(t))
+            for i, t in timings.items()]
+    return sorted(rows, key=lambda r: -r[1])
