@@ -68,7 +68,7 @@ def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subse
     \b
     Example:
       lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
-      lpt calibrate model.onnx --data samples/ --preset mixed --ignore re:^/head/ -o model.fq.onnx
+      lpt calibrate model.onnx --data samples/ --estimator mse --ignore re:^/head/ -o model.fq.onnx
     """
     output = output or default_output(model)
     if output.exists() and model.exists() and output.resolve() == model.resolve():

@@ -373,11 +373,12 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
     elif "agreement" in result:
         console.print(f"top-1 agreement: {result['agreement']:.2%}")
     if comparison.layers:
-        layers = Table(title="per layer, worst first", title_justify="left")
-        for column in ("tensor", "op", "SQNR dB", "computed in"):
+        layers = Table(title="per quantized tensor, worst quantization first", title_justify="left")
+        for column in ("tensor", "op", "SQNR of its quantization dB", "accumulated SQNR dB", "computed in"):
             layers.add_column(column)
         for layer in comparison.layers:
-            layers.add_row(layer.name, layer.op, f"{layer.sqnr_db:.2f}", layer.precision,
+            layers.add_row(layer.name, layer.op, f"{layer.sqnr_db:.2f}", f"{layer.accumulated_sqnr_db:.2f}",
+                           layer.precision,
                            style="yellow" if layer.precision == "f32" else None)
         console.print(layers)
     if json_path is not None:

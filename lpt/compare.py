@@ -2,9 +2,10 @@
 
 The candidate (an FQ or int8 model, lpt's or another tool's) runs on lpt's backend or on
 onnxruntime (with its default optimizations: the int8 kernels a user of onnxruntime gets).
-Per layer, tensors are matched by name: a tensor lpt quantizes is compared, dequantized, to
-the reference tensor it was quantized from, so a layer's number is the error that has built
-up by the time its output is quantized.
+Per layer, each fake-quantized activation of the candidate is matched by name to the reference
+tensor it quantizes. Two numbers: what that quantization alone costs (the candidate's
+FakeQuantize applied to the reference tensor: this ranks the culprits), and the error the
+candidate has built up by then (its own tensor, dequantized, against the reference).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lpt.calibration.data import CalibrationData, input_specs
 from lpt.crosscheck import run_onnxruntime
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
+from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
 from lpt.metrics import Agreement, TopOne, is_classifier_output
 from lpt.numerics.levels import level_range
 
@@ -27,10 +29,15 @@ BACKENDS = ("lpt", "onnxruntime")
 
 @dataclass(frozen=True)
 class LayerComparison:
+    """One quantized tensor. `sqnr_db` is what its own quantization costs (its FakeQuantize applied to
+    the reference tensor): it singles out the layer that loses accuracy. `accumulated_sqnr_db` is
+    the candidate's tensor against the reference: the error built up by then."""
+
     name: str
     op: str
     sqnr_db: float
-    precision: str  # "int8", "f32" or "input": how the candidate computed the tensor
+    accumulated_sqnr_db: float
+    precision: str  # "int8", "f32", "input" (lpt) or "onnxruntime": how the candidate computed the tensor
 
 
 @dataclass
@@ -50,22 +57,25 @@ class Comparison:
         elif self.top1 is not None:
             out["agreement"] = self.top1.agreement
         if self.layers:
-            out["layers"] = [{"name": l.name, "op": l.op, "sqnr_db": l.sqnr_db, "precision": l.precision}
-                             for l in self.layers]
+            out["layers"] = [{"name": layer.name, "op": layer.op, "sqnr_db": layer.sqnr_db,
+                              "accumulated_sqnr_db": layer.accumulated_sqnr_db, "precision": layer.precision}
+                             for layer in self.layers]
         return out
 
 
-def _split_labels(data, labels: str | None):
-    """(inputs source, labels array or None): labels travel in the same .npz or dict under `labels`."""
-    if labels is None:
-        return data, None
-    if isinstance(data, (str, os.PathLike)):
+def _split_labels(data, labels: str | None, input_names: list[str]):
+    """(inputs, labels or None). Labels travel in the same .npz or dict as the inputs, under
+    `labels`; any other key that is not an input (a test file's labels when none are asked
+    for) is left out."""
+    if isinstance(data, (str, os.PathLike)) and str(data).endswith(".npz"):
         with np.load(data, allow_pickle=False) as archive:
             data = {k: archive[k] for k in archive.files}
-    if not isinstance(data, dict) or labels not in data:
+    if labels is not None and (not isinstance(data, dict) or labels not in data):
         raise DataError(f"no labels under key {labels!r} in the data")
-    rest = {k: v for k, v in data.items() if k != labels}
-    return rest, np.asarray(data[labels])
+    if not isinstance(data, dict):
+        return data, None
+    inputs = {k: v for k, v in data.items() if k in input_names or k not in (labels, "labels")}
+    return inputs, None if labels is None else np.asarray(data[labels])
 
 
 def _dequantize_function(node: ir.Node):
@@ -92,25 +102,26 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
         raise DataError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     reference = lpt.read_model(reference) if isinstance(reference, (str, os.PathLike)) else reference
     candidate = lpt.load(candidate) if isinstance(candidate, (str, os.PathLike)) else candidate
-    inputs, label_array = _split_labels(data, labels)
-    dataset = CalibrationData(inputs, input_specs(reference), batch_size=batch_size)
+    specs = input_specs(reference)
+    inputs, label_array = _split_labels(data, labels, [s.name for s in specs])
+    dataset = CalibrationData(inputs, specs, batch_size=batch_size)
     output_names = [v.name for v in reference.graph.outputs]
 
     plan, probes = None, {}
+    reference_names = {v.name for n in reference.graph for v in n.outputs} | {v.name for v in reference.graph.inputs}
+    local = _fake_quantize_points(candidate, reference_names) if per_layer else {}
     if backend == "lpt":
         int8 = lpt.clone(candidate)
         lpt.transform(int8)
         plan = lpt.compile_model(int8)
         if per_layer:
-            names = {v.name for n in reference.graph for v in n.outputs} | {v.name for v in reference.graph.inputs}
-            probes = _quantized_probes(int8, plan, names)
-    elif per_layer:
-        candidate_names = {v.name for n in candidate.graph for v in n.outputs}
-        probes = {n.outputs[0].name: (n.outputs[0].name, None, "f32") for n in reference.graph
-                  if n.outputs[0].name in candidate_names and n.outputs[0].name not in output_names}
+            probes = _quantized_probes(int8, plan, set(local))
+    elif per_layer:  # onnxruntime: each FakeQuantize's output, which keeps its name in the saved QDQ model
+        probes = {source: (output, None, "onnxruntime") for source, (output, _) in local.items()}
 
     outputs = {name: Agreement() for name in output_names}
-    layers = {name: Agreement() for name in probes}
+    accumulated = {name: Agreement() for name in probes}
+    introduced = {name: Agreement() for name in probes}
     top1, seen = TopOne(), 0
     for batch in dataset.batches():
         expected = run_onnxruntime(reference, batch, output_names + list(probes))
@@ -121,7 +132,8 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
         for name in output_names:
             outputs[name].add(expected[name], got[name])
         for name, (tensor, dequantize, _) in probes.items():
-            layers[name].add(expected[name], dequantize(got[tensor]) if dequantize else got[tensor])
+            accumulated[name].add(expected[name], dequantize(got[tensor]) if dequantize else got[tensor])
+            introduced[name].add(expected[name], local[name][1].apply(expected[name]))
         first = output_names[0]
         if is_classifier_output(expected[first]):
             rows = len(expected[first])
@@ -130,9 +142,21 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
             seen += rows
     producers = {n.outputs[0].name: n.op_type for n in reference.graph}
     result = Comparison(backend, outputs, top1 if top1.count else None, label_array is not None)
-    result.layers = sorted((LayerComparison(name, producers.get(name, "input"), layers[name].sqnr_db, probes[name][2])
-                            for name in probes), key=lambda l: l.sqnr_db)
+    result.layers = sorted((LayerComparison(name, producers.get(name, "input"), introduced[name].sqnr_db,
+                                            accumulated[name].sqnr_db, probes[name][2]) for name in probes),
+                           key=lambda layer: layer.sqnr_db)
     return result
+
+
+def _fake_quantize_points(candidate: ir.Model, reference_names: set[str]) -> dict:
+    """Activation FakeQuantizes of the candidate on tensors the reference has: source → (FQ output name, FakeQuantize)."""
+    points = {}
+    for node in candidate.graph:
+        if is_fake_quantize(node) and node.inputs[0].name in reference_names and const_array(node.inputs[0]) is None:
+            fq = read_fake_quantize(node)
+            if fq is not None:
+                points[node.inputs[0].name] = (node.outputs[0].name, fq)
+    return points
 
 
 def _quantized_probes(int8: ir.Model, plan, reference_names: set[str]) -> dict:
