@@ -19,17 +19,9 @@ from rich.table import Table
 import lpt
 from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
 from lpt.calibration import calibrate as run_calibration
+from lpt.calibration.data import data_beside
 
 console = Console()
-
-
-def default_data(model: Path) -> Path:
-    """MODEL's own .npz beside it (models/NAME.onnx → models/NAME.npz), or a DataError saying what to pass."""
-    data = model.with_suffix(".npz")
-    if model.suffix == ".onnx" and data.is_file():
-        return data
-    raise lpt.DataError(f"no --data given and no {data.name} beside {model}: pass --data DATA (a .npz keyed by "
-                        "input name, a .npy for a single-input model, or a folder of them)")
 
 
 def default_output(model: Path) -> Path:
@@ -75,7 +67,7 @@ def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subse
         raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
     if output.exists() and not force:
         raise lpt.ModelError(f"{output}: already exists (pass --force to replace it)")
-    data = data if data is not None else default_data(model)
+    data = data if data is not None else data_beside(model)
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
                              quiet=quiet)

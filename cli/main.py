@@ -160,15 +160,11 @@ def normalize(model: Path, output: Path, force: bool) -> None:
     click.echo(f"wrote {output}")
 
 
-def _default_data(model: Path, data: Path | None, suffix: str = ".npz") -> Path:
+def _default_data(model: Path, data: Path | None) -> Path:
     """--data, or the .npz that sits beside the model (as in models/)."""
-    if data is not None:
-        return data
-    beside = model.with_suffix(suffix)
-    if beside.exists():
-        return beside
-    raise lpt.DataError(f"no --data given and no {beside.name} beside {model.name}: pass --data with an .npz keyed "
-                        "by input name, an .npy (single-input models) or a folder of them")
+    from lpt.calibration.data import data_beside
+
+    return data if data is not None else data_beside(model)
 
 
 @main.command()
@@ -287,7 +283,7 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
     if status is not None:
         status.start()
     try:
-        result = lpt.quantize(model, data if data is not None else _default_data(model, None), preset=preset,
+        result = lpt.quantize(model, _default_data(model, data), preset=preset,
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
                               bias_correction=not no_bias_correction, recalibrate=recalibrate,
                               quiet=quiet or not console.is_terminal,
@@ -452,6 +448,15 @@ def _plot_layers(comparison) -> bytes:
     plt.close(figure)
     return buffer.getvalue()
 
+
+def _register_calibrate() -> None:
+    from cli.calibrate import calibrate
+
+    calibrate.callback = _one_line_errors(calibrate.callback)
+    main.add_command(calibrate)
+
+
+_register_calibrate()
 
 if __name__ == "__main__":
     main()

@@ -114,8 +114,8 @@ def write_bytes(data: bytes, path: str | os.PathLike, *, overwrite: bool = False
 
 
 def clone(model: ir.Model) -> ir.Model:
-    """An independent copy (passes work in place)."""
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    """An independent graph to rewrite (passes work in place); tensors are shared, never written to."""
+    return model.clone()
 
 
 def _first_line(err: BaseException) -> str:

@@ -22,7 +22,7 @@ from onnx_ir.passes.common import RemoveUnusedOpsetsPass
 
 from lpt.backend import Plan, compile_model
 from lpt.calibration import CalibrationReport, calibrate
-from lpt.calibration.data import CalibrationData, input_specs
+from lpt.calibration.data import CalibrationData, data_beside, input_specs
 from lpt.compare import Comparison, compare
 from lpt.errors import DataError, ModelError
 from lpt.execute import CrossCheck, cross_check, run_plan
@@ -120,7 +120,9 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         return value
 
     if data is None:
-        data = _data_beside(model)
+        if not isinstance(model, (str, os.PathLike)):
+            raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")
+        data = data_beside(model)
     original = timed("load", _load, model)
     fq_model = clone(original)
     normalize(fq_model)
@@ -148,16 +150,6 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
 
 def _load(model) -> ir.Model:
     return read_model(model) if isinstance(model, (str, os.PathLike)) else clone(model)
-
-
-def _data_beside(model) -> Path:
-    if not isinstance(model, (str, os.PathLike)):
-        raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")
-    beside = Path(model).with_suffix(".npz")
-    if not beside.exists():
-        raise DataError(f"no data given and no {beside.name} beside {Path(model).name}: pass --data with an .npz "
-                        "keyed by input name, an .npy (single-input models) or a folder of them")
-    return beside
 
 
 def _limited(data, model: ir.Model, subset_size: int):

@@ -20,13 +20,14 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
 from lpt.graph.constants import add_constant, const_array
 from lpt.graph.fake_quantize_op import OPENVINO_DOMAIN, is_fake_quantize, read_fake_quantize
 from lpt.graph.rewrite import replace_value
+from lpt.model_io import clone
 
 logger = logging.getLogger(__name__)
 
 
 def to_portable(model: ir.Model) -> ir.Model:
     """A copy of `model` in which no lpt-domain FakeQuantize remains."""
-    model = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    model = clone(model)
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         if is_fake_quantize(node) and node.domain != OPENVINO_DOMAIN:
             _rewrite(node, model)

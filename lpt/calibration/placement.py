@@ -1,0 +1,341 @@
+"""Which tensors get a FakeQuantize, and where (NNCF-style quantizer propagation).
+
+    Conv/ConvTranspose/MatMul/Gemm     FQ on the activation input(s) and the weight (per output channel)
+    Add/Mul of two quantized branches   FQ on both inputs
+    Concat feeding quantized consumers  FQ on each input, one range shared by all of them
+
+An activation request moves up through precision-preserving ops (MaxPool, Reshape, Flatten,
+…) while every use of what it passes through wants the FQ too, so that a branch gets one FQ
+(Conv→Relu→MaxPool→Flatten→Gemm: one FQ on the Relu output serves the Gemm). It never moves
+above a Relu/Clip (the FQ quantizes their output), onto a constant (an embedding table stays
+f32), or off a model output. An FQ applies to the uses that asked for it only, so a model
+output or an f32 consumer of the same tensor keeps reading the float value.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from lpt.errors import QuantizationError
+from lpt.graph.constants import const_array
+from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS
+
+logger = logging.getLogger(__name__)
+
+ELEMENTWISE_OPS = ("Add", "Mul")
+# Ops whose output lives on the integer grid of their quantized input, for the
+# "comes from a quantized branch" test of Add/Mul.
+_BRANCH_OPS = ("Relu", "Clip", "Concat")
+_AFFINE_OPS = ("Add", "Sub", "Mul", "Div")  # with a constant: a bias or a scale on the layer's output
+
+ACTIVATION, WEIGHT = "activation", "weight"
+
+Use = tuple[ir.Node, int]  # (consumer node, input index)
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizationPoint:
+    """One FakeQuantize: on `value`, read by the `uses` listed (not necessarily all of its uses).
+
+    Weights carry their output-channel `axis` (None: per tensor); activations that must share
+    one range (the inputs of a Concat) carry the same `group`.
+    """
+
+    value: ir.Value
+    kind: str  # ACTIVATION or WEIGHT
+    uses: tuple[Use, ...]
+    axis: int | None = None
+    group: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.value.name
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A node left in f32, and why."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    points: tuple[QuantizationPoint, ...]
+    skipped: tuple[Skipped, ...]
+    layers: tuple[ir.Node, ...]  # the Conv/ConvTranspose/MatMul/Gemm nodes that read FQs
+
+    @property
+    def activations(self) -> tuple[QuantizationPoint, ...]:
+        return tuple(p for p in self.points if p.kind == ACTIVATION)
+
+    @property
+    def weights(self) -> tuple[QuantizationPoint, ...]:
+        return tuple(p for p in self.points if p.kind == WEIGHT)
+
+
+class IgnoreRules:
+    """`ignore` entries: a node name, ``re:REGEX`` (searched in the node name), or an op type."""
+
+    def __init__(self, patterns=()):
+        self.patterns = tuple(patterns)
+        self._regexes = {}
+        for p in self.patterns:
+            if p.startswith("re:"):
+                try:
+                    self._regexes[p] = re.compile(p[3:])
+                except re.error as err:
+                    raise QuantizationError(f"ignore pattern {p!r} is not a valid regex: {err}") from None
+
+    def matches(self, pattern: str, node: ir.Node) -> bool:
+        if pattern in self._regexes:
+            return bool(node.name) and self._regexes[pattern].search(node.name) is not None
+        return pattern in (node.name, node.op_type)
+
+    def match(self, node: ir.Node) -> str | None:
+        """The first pattern that ignores `node`, or None."""
+        return next((p for p in self.patterns if self.matches(p, node)), None)
+
+    def unused(self, graph: ir.Graph) -> list[str]:
+        return [p for p in self.patterns if not any(self.matches(p, n) for n in graph)]
+
+
+def place(model: ir.Model, ignore=()) -> Placement:
+    """The FakeQuantizes `model` needs (nothing is inserted: see insertion.insert)."""
+    return _Placer(model.graph, IgnoreRules(ignore)).run()
+
+
+class _Placer:
+    def __init__(self, graph: ir.Graph, rules: IgnoreRules):
+        self.graph, self.rules = graph, rules
+        self.requests: dict[ir.Value, list[tuple[ir.Node, int, int]]] = defaultdict(list)  # use + group token
+        self.parent: list[int] = []  # union-find over tokens (Concat groups)
+        self.weights: dict[tuple[ir.Value, int | None], list[Use]] = {}
+        self.skipped: list[Skipped] = []
+        self.ignored: set[ir.Node] = set()
+        self.quantized: set[ir.Node] = set()  # nodes that read FQs: their outputs are quantized branches
+        self.layers: list[ir.Node] = []
+
+    def run(self) -> Placement:
+        for pattern in self.rules.unused(self.graph):
+            logger.warning("ignore pattern %r matches no node", pattern)
+        for node in self.graph:
+            pattern = self.rules.match(node)
+            if pattern is not None:
+                self.ignored.add(node)
+                self.skipped.append(Skipped(node.name, node.op_type, f"ignored ({pattern})"))
+            elif node.domain in ("", "ai.onnx") and node.op_type in QUANTIZABLE_OPS:
+                self._layer(node)
+            elif node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_OPS:
+                self._elementwise(node)
+        self._propagate()
+        return Placement(tuple(self._points()), tuple(self.skipped), tuple(self.layers))
+
+    # -- requests
+
+    def _token(self) -> int:
+        self.parent.append(len(self.parent))
+        return len(self.parent) - 1
+
+    def _find(self, t: int) -> int:
+        while self.parent[t] != t:
+            self.parent[t] = self.parent[self.parent[t]]
+            t = self.parent[t]
+        return t
+
+    def _union(self, a: int, b: int) -> None:
+        self.parent[self._find(a)] = self._find(b)
+
+    def _request(self, node: ir.Node, index: int) -> None:
+        self.requests[node.inputs[index]].append((node, index, self._token()))
+
+    def _skip(self, node: ir.Node, reason: str) -> None:
+        self.skipped.append(Skipped(node.name, node.op_type, reason))
+
+    def _layer(self, node: ir.Node) -> None:
+        op = node.op_type
+        a, b = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+        if a is None or b is None:
+            return self._skip(node, "an input is missing")
+        for v in (a, b):
+            if not _is_float(v):
+                return self._skip(node, f"input {v.name!r} is {v.dtype}, not float32")
+        a_const, b_const = const_array(a) is not None, const_array(b) is not None
+        if a_const and b_const:
+            return self._skip(node, "both inputs are constants (fold them instead)")
+        if op == "MatMul":
+            for index, (v, is_const) in enumerate(((a, a_const), (b, b_const))):
+                if is_const:
+                    self._weight(node, index, _matmul_axis(const_array(v), index))
+                else:
+                    self._request(node, index)  # both activations: attention scores, context
+        else:
+            if a_const:
+                return self._skip(node, "the data input is a constant")
+            if not b_const:
+                return self._skip(node, "the weight is not a constant")
+            self._request(node, 0)
+            self._weight(node, 1, _weight_axis(node, const_array(b)))
+        self.quantized.add(node)
+        self.layers.append(node)
+
+    def _weight(self, node: ir.Node, index: int, axis: int | None) -> None:
+        self.weights.setdefault((node.inputs[index], axis), []).append((node, index))
+
+    def _elementwise(self, node: ir.Node) -> None:
+        inputs = list(node.inputs)
+        if len(inputs) != 2 or any(v is None or const_array(v) is not None for v in inputs):
+            return  # a bias or a scale: nothing to quantize
+        if not all(_is_float(v) for v in inputs):
+            return self._skip(node, "an input is not float32")
+        for v in inputs:
+            if not self._from_quantized_branch(v):
+                return self._skip(node, f"input {v.name!r} does not come from a quantized branch")
+        self._request(node, 0)
+        self._request(node, 1)
+        self.quantized.add(node)
+
+    def _from_quantized_branch(self, value: ir.Value) -> bool:
+        """`value` is a quantized layer's output, up through precision-preserving ops, Relu/Clip, Concat
+        (all of its inputs) and a constant bias or scale (MatMul → Add(bias) is still the layer's output)."""
+        node = value.producer()
+        while node is not None and node not in self.quantized:
+            if node in self.ignored:
+                return False
+            if node.op_type == "Concat":
+                return all(v is not None and self._from_quantized_branch(v) for v in node.inputs)
+            data = _affine_input(node) if node.op_type in _AFFINE_OPS else 0
+            if data is None or node.op_type not in PRECISION_PRESERVING_OPS + _BRANCH_OPS + _AFFINE_OPS:
+                return False
+            if not node.inputs or node.inputs[data] is None:
+                return False
+            node = node.inputs[data].producer()
+        return node is not None
+
+    # -- propagation
+
+    def _propagate(self) -> None:
+        """Move requests up through precision-preserving ops (and Concat) until none moves."""
+        moved = True
+        while moved:
+            moved = False
+            for value in list(self.requests):
+                if value in self.requests and self._try_move_up(value):
+                    moved = True
+
+    def _try_move_up(self, value: ir.Value) -> bool:
+        node = value.producer()
+        if node is None or node in self.ignored or node.graph is not self.graph:
+            return False
+        data = _data_inputs(node)
+        if not data:
+            return False
+        if any(v is None or const_array(v) is not None or not _is_float(v) for v in (node.inputs[i] for i in data)):
+            return False
+        for out in node.outputs:  # every use of every output (an unused one aside) asks for the FQ
+            if out.is_graph_output():
+                return False
+            uses = {(u.node, u.idx) for u in out.uses()}
+            if uses != {(n, i) for n, i, _ in self.requests.get(out, ())}:
+                return False
+        token = self._token()  # ties the requests that moved: through a Concat, its inputs become one group
+        for out in node.outputs:
+            for _, _, t in self.requests.pop(out, ()):
+                self._union(t, token)
+        for i in data:
+            self.requests[node.inputs[i]].append((node, i, token))
+        return True
+
+    def _points(self) -> list[QuantizationPoint]:
+        points = []
+        group_of = {}
+        for uses in self.requests.values():
+            tokens = [t for _, _, t in uses]
+            for t in tokens[1:]:
+                self._union(tokens[0], t)
+        roots = [self._find(uses[0][2]) for uses in self.requests.values()]
+        sizes = defaultdict(int)
+        for r in roots:
+            sizes[r] += 1
+        for (value, uses), root in zip(self.requests.items(), roots):
+            if sizes[root] > 1:
+                group_of.setdefault(root, len(group_of))
+            group = group_of.get(root)
+            points.append(QuantizationPoint(value, ACTIVATION, tuple(dict.fromkeys((n, i) for n, i, _ in uses)),
+                                            group=group))
+        for (value, axis), uses in self.weights.items():
+            points.append(QuantizationPoint(value, WEIGHT, tuple(uses), axis=axis))
+        return points
+
+
+def _data_inputs(node: ir.Node) -> list[int]:
+    """The inputs a precision-preserving op copies values from (empty: not precision-preserving)."""
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx"):
+        return []
+    if op == "Concat":
+        return list(range(len(node.inputs)))
+    if op not in PRECISION_PRESERVING_OPS or not node.inputs:
+        return []
+    if op == "Resize" and _attr(node, "mode", "nearest") != "nearest":
+        return []
+    if op == "Pad" and not _pads_with_zero(node):
+        return []
+    if op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].uses():
+        return []  # the Indices output is not a quantized tensor
+    return [0]
+
+
+def _pads_with_zero(node: ir.Node) -> bool:
+    if _attr(node, "mode", "constant") != "constant":
+        return True  # edge/reflect/wrap copy existing values
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        value = const_array(node.inputs[2])
+        return value is not None and not value.any()
+    return "value" not in node.attributes or node.attributes["value"].value == 0.0
+
+
+def _affine_input(node: ir.Node) -> int | None:
+    """The activation input of an Add/Sub/Mul/Div whose other input is a constant, else None."""
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return None
+    constant = [const_array(v) is not None for v in node.inputs]
+    if constant == [False, True]:
+        return 0
+    if constant == [True, False] and node.op_type in ("Add", "Mul"):
+        return 1
+    return None
+
+
+def _attr(node: ir.Node, name: str, default):
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _is_float(value: ir.Value) -> bool:
+    return value.dtype is None or value.dtype == ir.DataType.FLOAT
+
+
+def _weight_axis(node: ir.Node, weight) -> int | None:
+    """The output-channel axis of a Conv/ConvTranspose/Gemm weight."""
+    if weight.ndim < 2:
+        return None
+    if node.op_type == "Conv":
+        return 0  # [OC, IC/g, k...]
+    if node.op_type == "ConvTranspose":
+        return 1  # [IC, OC/g, k...]
+    return 0 if _attr(node, "transB", 0) else 1  # Gemm: B is [K, N], or [N, K] transposed
+
+
+def _matmul_axis(weight, index: int) -> int | None:
+    """MatMul: B's output columns are its last axis; a constant A's output rows its second-to-last."""
+    if weight.ndim < 2:
+        return None
+    return weight.ndim - 1 if index == 1 else weight.ndim - 2

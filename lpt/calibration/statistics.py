@@ -1,0 +1,59 @@
+"""Activation statistics: onnxruntime runs the fp32 model with the target tensors as extra outputs,
+one batch at a time, and each tensor's collector folds the batch into its fixed-size state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from lpt.calibration.data import CalibrationData
+from lpt.calibration.progress import sample_progress
+from lpt.errors import ModelError
+from lpt.model_io import to_proto
+
+logger = logging.getLogger(__name__)
+
+
+def session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    """A CPU session with graph optimizations off: every tensor stays as the fp32 graph computes it."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own exception types
+        line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"onnxruntime cannot run the model: {line}") from None
+
+
+def with_outputs(model: ir.Model, names: Iterable[str]) -> onnx.ModelProto:
+    """`model` as a proto whose graph also outputs the tensors `names` (those not inputs or outputs already)."""
+    proto = to_proto(model)
+    present = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
+    for name in dict.fromkeys(names):
+        if name not in present:
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return proto
+
+
+def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData, *, quiet: bool = False) -> None:
+    """Update the collectors of each tensor (by name) with every batch of `data`, streamed."""
+    inputs = set(data.specs)
+    fetched = [n for n in collectors if n not in inputs]
+    sess = session(with_outputs(model, fetched)) if fetched else None
+    with sample_progress("calibrating", data.total, quiet) as advance:
+        for batch in data.batches():
+            values = dict(zip(fetched, sess.run(fetched, batch))) if sess is not None else {}
+            for name, tensor_collectors in collectors.items():
+                for collector in tensor_collectors:
+                    collector.update(values[name] if name in values else batch[name])
+            del values
+            advance(len(next(iter(batch.values()))))
+    for name, tensor_collectors in collectors.items():
+        nonfinite = max(c.nonfinite for c in tensor_collectors)
+        if nonfinite:
+            logger.warning("%s: %d NaN/Inf values in the activations were left out of its statistics", name, nonfinite)
