@@ -9,7 +9,8 @@ import pytest
 
 from lpt.numerics import fake_quantize, fake_quantize_levels, fake_quantize_spec
 
-VECTORS = Path("/work/shared/testdata/fakequantize_openvino.npz")
+# shared/ sits beside the repository, on developer machines and in CI alike.
+VECTORS = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "fakequantize_openvino.npz"
 FIELDS = ("x", "il", "ih", "ol", "oh", "levels", "expected")
 # input_low >= input_high: OpenVINO's CPU plugin and the spec disagree there, and lpt follows the spec.
 SPEC_NOT_OPENVINO = {"binarization_il_eq_ih", "inverted_input_interval"}
