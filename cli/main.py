@@ -200,19 +200,24 @@ def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_
         click.echo(f"wrote {output}")
 
 
+def _share(fraction: float) -> str:
+    """A share of values, never rounded up to 100% when one differs."""
+    return "100%" if fraction == 1 else f"{min(fraction, 0.99999):.3%}"
+
+
 def _print_check(check) -> None:
     table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB, "
-                        f"{check.share_exact:.2%} exactly equal", title_justify="left")
+                        f"{_share(check.share_exact)} exactly equal", title_justify="left")
     for column in ("quantized tensor", "max LSB", "exactly equal", "values"):
         table.add_column(column)
     for t in check.tensors:
-        table.add_row(t.tensor, str(t.max_lsb), f"{t.share_exact:.2%}", str(t.size))
+        table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(t.size))
     console.print(table)
     outputs = Table(title="outputs (f32)", title_justify="left")
     for column in ("output", "against", "max |diff|", "exactly equal"):
         outputs.add_column(column)
     for o in check.outputs:
-        outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", f"{o.share_equal:.2%}")
+        outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", _share(o.share_equal))
     console.print(outputs)
     for note in check.export_notes:
         console.print(f"  export: {note}")
@@ -316,7 +321,7 @@ def _print_quantize_report(report) -> None:
             console.print(f"  f32: {p.node} ({p.op_type}): {p.reason}")
     check = report.check
     console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB over {len(check.tensors)} quantized tensors, "
-                  f"{check.share_exact:.2%} exactly equal")
+                  f"{_share(check.share_exact)} exactly equal")
     for o in check.outputs:
         console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}")
     agreement = report.agreement
