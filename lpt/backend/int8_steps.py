@@ -135,6 +135,8 @@ def _accumulate_chain(node: ir.Node):
     multiplier = const_array(mul.inputs[1]) if mul else None
     if multiplier is None:  # the accumulator itself is wanted
         return _step(lambda *a: [accumulate(*a)], runtime_inputs, nodes)
+    if node.op_type == "ConvInteger":  # the output stage reads f32: skip the int32 round trip where exact
+        accumulate = partial(kernels.conv_accumulate, packed=packed, exact_float=True)
     nodes += [cast, mul]
     multiplier = _per_channel(multiplier, axis)
     bias, post_ops, last = None, [], mul

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpt.kernels.gemm import (accumulator_dtype, deviation_bound, exact_chunk, integer_matmul, integer_range,
-                              magnitude_bound)
+from lpt.kernels.gemm import (F32_EXACT_INTEGERS, accumulator_dtype, deviation_bound, exact_chunk, integer_matmul,
+                              integer_range, magnitude_bound)
 from lpt.kernels.window import Window
 
 
@@ -73,10 +73,13 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
     )
 
 
-def conv_accumulate(src_q: np.ndarray, packed: PackedConv) -> np.ndarray:
+def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = False) -> np.ndarray:
     """acc[n, oc, o] = Σ (q_src − zp_src)·(q_wei − zp_wei) over the window, padding zp_src: int32 [N, OC, *out].
 
     int64 instead when K·max|q_src − zp_src|·max|W'| might exceed 2^31 − 1 (K = IC/groups·∏kernel).
+    With `exact_float`, float32 holding the same integers when that bound is ≤ 2^24 and the
+    reduction is one BLAS chunk (every partial sum, the offset and the result are then exact
+    f32 integers): an f32 output stage reads it without two conversions.
     """
     src_q = np.asarray(src_q)
     qmin, qmax = integer_range(src_q.dtype)
@@ -89,23 +92,32 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv) -> np.ndarray:
     padded = window.padded(src_q, packed.src_zero_point)
     reduction = packed.weights.shape[2]
     src_bound = magnitude_bound(src_q.dtype)
+    bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
+    if exact_float and bound <= F32_EXACT_INTEGERS and reduction <= exact_chunk(src_bound, packed.weight_bound):
+        raw = np.matmul(packed.weights, _im2col(padded, window, out_shape, groups))
+        acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape)
+        return np.add(acc, packed.offset.astype(np.float32), out=acc)
     if reduction == window.taps and window.taps <= exact_chunk(src_bound, packed.weight_bound):
         raw = _depthwise(padded, packed.weights, window, out_shape)
     else:
         raw = _im2col_gemm(padded, packed.weights, window, out_shape, groups, src_bound, packed.weight_bound)
     acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape) + packed.offset
-    bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
     return acc.astype(accumulator_dtype(bound))
 
 
 def _im2col_gemm(padded, weights, window: Window, out_shape, groups: int, src_bound: int, weight_bound: int):
-    """Σ_k W'[g, j, k]·cols[n, g, k, p], cols[n, c, tap, o] = padded[n, c, o·stride + tap]: int64 [N, g, OC/g, P]."""
+    """Σ_k W'[g, j, k]·cols[n, g, k, p]: int64 [N, g, OC/g, P]."""
+    return integer_matmul(weights, _im2col(padded, window, out_shape, groups), weight_bound, src_bound)
+
+
+def _im2col(padded, window: Window, out_shape, groups: int) -> np.ndarray:
+    """cols[n, g, (c, tap), p] = padded[n, c, o·stride + tap·dilation] as f32 [N, g, IC/g·taps, P]."""
     batch, channels = padded.shape[:2]
+    source = padded.astype(np.float32)  # one conversion, then plain f32 copies per tap
     cols = np.empty((batch, channels, window.taps) + out_shape, dtype=np.float32)
     for tap, index in enumerate(window.tap_slices(out_shape)):
-        cols[:, :, tap] = padded[index]
-    cols = cols.reshape(batch, groups, -1, int(np.prod(out_shape)))
-    return integer_matmul(weights, cols, weight_bound, src_bound)
+        cols[:, :, tap] = source[index]
+    return cols.reshape(batch, groups, -1, int(np.prod(out_shape)))
 
 
 def _depthwise(padded, weights, window: Window, out_shape):

@@ -88,9 +88,10 @@ def output_stage(acc, multiplier, bias=None, post_ops: tuple[PostOp, ...] = (), 
                  qmin: int = 0, qmax: int = 255, axis: int = 1) -> np.ndarray:
     """dst = post_ops(f32(acc)·m[c] + bias[c]), then saturate(rint(dst / s_dst) + zp_dst); f32 if s_dst is None."""
     acc = np.asarray(acc)
-    x = acc.astype(np.float32) * broadcast_along(np.asarray(multiplier, dtype=np.float32), acc.ndim, axis)
+    x = acc.astype(np.float32)  # a copy: the steps below work in place on it
+    np.multiply(x, broadcast_along(np.asarray(multiplier, dtype=np.float32), acc.ndim, axis), out=x)
     if bias is not None:
-        x = x + broadcast_along(np.asarray(bias, dtype=np.float32), acc.ndim, axis)
+        np.add(x, broadcast_along(np.asarray(bias, dtype=np.float32), acc.ndim, axis), out=x)
     for op in post_ops:
         x = op.apply(x)
     if dst_scale is None:

@@ -43,9 +43,21 @@ def conv_case(draw):
 @settings(max_examples=60, deadline=None)
 def test_matches_the_int64_twin(case):
     src, weights, src_zp, weight_zp, attributes = case
-    acc = conv_accumulate(src, pack_conv(weights, weight_zp, src_zp, **attributes))
+    packed = pack_conv(weights, weight_zp, src_zp, **attributes)
+    acc = conv_accumulate(src, packed)
     assert acc.dtype == np.int32
-    np.testing.assert_array_equal(acc, conv_reference(src, weights, src_zp, weight_zp, **attributes))
+    expected = conv_reference(src, weights, src_zp, weight_zp, **attributes)
+    np.testing.assert_array_equal(acc, expected)
+    # The f32 form holds the very same integers (or, past 2^24, falls back to integers).
+    np.testing.assert_array_equal(conv_accumulate(src, packed, exact_float=True), expected)
+
+
+def test_exact_float_falls_back_to_integers_past_two_to_the_24():
+    """K = 1152 u8·s8 products can reach 1152·255·128 > 2^24: no f32 shortcut there."""
+    src = np.full((1, 128, 3, 3), 255, dtype=np.uint8)
+    weights = np.full((4, 128, 3, 3), -128, dtype=np.int8)
+    acc = conv_accumulate(src, pack_conv(weights, pads=[1, 1, 1, 1]), exact_float=True)
+    assert acc.dtype == np.int32 and acc[0, 0, 1, 1] == 1152 * 255 * -128
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
