@@ -33,6 +33,7 @@ class PackedConv:
     offset: np.ndarray  # int64 [OC, 1, …]: −zp_src · comp, broadcast over [N, OC, *spatial]
     src_zero_point: int
     weight_bound: int  # max |W'|, 1 for all-zero weights
+    weight_abs_sum: int  # max over oc of Σ_k |W'[oc, k]|: bounds every partial sum of one output
     groups: int
     window: Window
 
@@ -68,6 +69,7 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         offset=offset.reshape((out_channels,) + (1,) * len(kernel)),
         src_zero_point=int(src_zero_point),
         weight_bound=max(1, int(np.abs(centred).max(initial=0))),
+        weight_abs_sum=max(1, int(np.abs(centred).sum(axis=1).max(initial=0))),
         groups=groups,
         window=Window.of(kernel, strides, dilations, pads),
     )
@@ -77,9 +79,14 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     """acc[n, oc, o] = Σ (q_src − zp_src)·(q_wei − zp_wei) over the window, padding zp_src: int32 [N, OC, *out].
 
     int64 instead when K·max|q_src − zp_src|·max|W'| might exceed 2^31 − 1 (K = IC/groups·∏kernel).
-    With `exact_float`, float32 holding the same integers when that bound is ≤ 2^24 and the
-    reduction is one BLAS chunk (every partial sum, the offset and the result are then exact
-    f32 integers): an f32 output stage reads it without two conversions.
+    Whatever order a BLAS sums in, a partial sum of one output is a sum of some of its products
+    q_src·W'[oc, k], so its magnitude is at most max|q_src|·Σ_k|W'[oc, k]|; the result
+    (q_src − zp)·W' and the offset zp·comp are bounded by max|q_src − zp|·Σ_k|W'| the same way.
+    When that bound is ≤ 2^24 one float32 GEMM is exact: trained weights, far below their
+    maximum on average, usually allow that for K in the thousands where the worst case
+    max|q|·max|W'|·K would cut K into chunks of 514. With `exact_float` the accumulators then
+    come back as float32 holding the same integers: an f32 output stage reads them without two
+    conversions.
     """
     src_q = np.asarray(src_q)
     qmin, qmax = integer_range(src_q.dtype)
@@ -93,10 +100,12 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     reduction = packed.weights.shape[2]
     src_bound = magnitude_bound(src_q.dtype)
     bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
-    if exact_float and bound <= F32_EXACT_INTEGERS and reduction <= exact_chunk(src_bound, packed.weight_bound):
+    sum_bound = max(src_bound, deviation_bound(src_q.dtype, packed.src_zero_point)) * packed.weight_abs_sum
+    if sum_bound <= F32_EXACT_INTEGERS and reduction != window.taps:
         raw = np.matmul(packed.weights, _im2col(padded, window, out_shape, groups))
         acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape)
-        return np.add(acc, packed.offset.astype(np.float32), out=acc)
+        np.add(acc, packed.offset.astype(np.float32), out=acc)
+        return acc if exact_float else acc.astype(accumulator_dtype(bound))
     if reduction == window.taps and window.taps <= exact_chunk(src_bound, packed.weight_bound):
         raw = _depthwise(padded, packed.weights, window, out_shape)
     else:
