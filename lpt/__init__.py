@@ -28,7 +28,7 @@ from lpt.model_io import clone, read_model, write_model
 from lpt.normalize import normalize
 from lpt.reference import run_reference
 from lpt.summary import ModelSummary, OpPrecision, op_precisions, summarize
-from lpt.transformations.pipeline import TransformResult
+from lpt.transformations.pipeline import INT8_GRAPH_KEY, INT8_GRAPH_VALUE, TransformResult
 from lpt.transformations.pipeline import transform as _transform
 
 try:
@@ -38,9 +38,11 @@ except PackageNotFoundError:  # running from a source tree
 
 
 def load(path: str | os.PathLike) -> ir.Model:
-    """Read an ONNX model and normalize every FakeQuantize-equivalent pattern in it."""
+    """Read an ONNX model and normalize every FakeQuantize-equivalent pattern in it (an int8
+    graph lpt saved is read as it is)."""
     model = read_model(path)
-    normalize(model)
+    if model.metadata_props.get(INT8_GRAPH_KEY) != INT8_GRAPH_VALUE:
+        normalize(model)
     return model
 
 

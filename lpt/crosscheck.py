@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from lpt.backend.int8_steps import _quantize_function
+from lpt.backend.int8_steps import quantize_function
 from lpt.backend.plan import Plan
 from lpt.export.portable import to_portable
 from lpt.model_io import to_proto
@@ -68,7 +68,7 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
     for node in int8_model.graph:
         is_quantize = (node.op_type, node.domain) in (("QuantizeLinear", ""), ("Quantize", "lpt"))
         if is_quantize and node.inputs[0].name in fq_names:
-            function = _quantize_function(node)
+            function = quantize_function(node)
             if function is not None:
                 targets.append((node.inputs[0].name, node.outputs[0].name, function))
     if not targets:

@@ -91,6 +91,8 @@ def _unquantized_reason(node: ir.Node) -> str | None:
 
 
 def summarize(model: ir.Model) -> ModelSummary:
+    """Op histogram, fake-quantized tensors, quantizable ops left unquantized, and, for an int8
+    graph, each op's precision (compiled, so that fused output stages are told apart)."""
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
     counts = Counter(_op_name(n) for n in nodes)
     fqs = [_describe(n) for n in nodes if is_fake_quantize(n)]
@@ -99,9 +101,11 @@ def summarize(model: ir.Model) -> ModelSummary:
         for n in nodes
         if n.op_type in QUANTIZABLE_OPS and n.domain in ("", "ai.onnx") and (reason := _unquantized_reason(n))
     ]
-    precisions = op_precisions(model)
-    if all(p.precision == "f32" for p in precisions):
-        precisions = []
+    precisions = []
+    if any(p.precision != "f32" for p in op_precisions(model)):
+        from lpt.backend import compile_model
+
+        precisions = op_precisions(model, compile_model(model))
     return ModelSummary(dict(counts.most_common()), fqs, unquantized, precisions)
 
 

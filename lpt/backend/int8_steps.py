@@ -204,11 +204,12 @@ def _destination(value: ir.Value):
     node = _only_consumer(value, ("QuantizeLinear",)) or _only_consumer(value, ("Quantize",), domain="lpt")
     if node is None:
         return None
-    function = _quantize_function(node)
+    function = quantize_function(node)
     return (node, function) if function is not None else None
 
 
-def _quantize_function(node: ir.Node):
+def quantize_function(node: ir.Node):
+    """The f32 → integer function of a QuantizeLinear or lpt::Quantize node with constant parameters, or None."""
     if node.domain == "lpt":
         il, ih = const_array(node.inputs[1]), const_array(node.inputs[2])
         if il is None or ih is None:
@@ -232,7 +233,7 @@ def _quantize_fq_kernel(x, affine, qmin, qmax):
 
 
 def _quantize(node: ir.Node):
-    function = _quantize_function(node)
+    function = quantize_function(node)
     return None if function is None else _step(lambda x: [function(x)], [node.inputs[0]], [node])
 
 

@@ -42,6 +42,9 @@ MAIN = (
     MatMulTransformation,
 )
 _MAX_ROUNDS = 100  # each round moves every dequantization at least one op, or stops
+# Model metadata marking lpt's int8 graphs: loading one again must not normalize its integer ops
+# (MatMulInteger → Cast → Mul is also what third-party pre-quantized models look like).
+INT8_GRAPH_KEY, INT8_GRAPH_VALUE = "lpt.graph", "int8"
 
 
 @dataclass
@@ -71,5 +74,6 @@ def transform(model: ir.Model, transformations=DECOMPOSITION + MAIN) -> Transfor
         if not any([run(cls) for cls in main]):
             break
     RemoveUnusedNodesPass()(model)
+    model.metadata_props[INT8_GRAPH_KEY] = INT8_GRAPH_VALUE
     logger.info("%d rewrites", len(result.applied))
     return result

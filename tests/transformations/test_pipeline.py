@@ -34,3 +34,16 @@ def test_conv_net_becomes_integer_and_keeps_its_outputs():
     after = lpt.run_reference(m, {"x": x})["y"]
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
     assert [o.name for o in m.graph.outputs] == ["y"]
+
+
+def test_a_saved_int8_graph_loads_as_it_is(tmp_path):
+    """Its MatMulInteger → Cast → Mul looks like a third-party pre-quantized op, which lpt.load would
+    turn back into FakeQuantize form; lpt's own int8 graphs are marked and left alone."""
+    _, m = conv_net()
+    transform(m)
+    again = lpt.load(lpt.save(m, tmp_path / "int8.onnx"))
+    assert op_types(again) == op_types(m)
+    third_party = lpt.model_io.read_model(tmp_path / "int8.onnx")
+    del third_party.metadata_props["lpt.graph"]
+    lpt.normalize(third_party)
+    assert "FakeQuantize" in op_types(third_party)
