@@ -76,6 +76,10 @@ def _load_external_data(proto: onnx.ModelProto, base_dir: Path) -> None:
 def to_proto(model: ir.Model) -> onnx.ModelProto:
     """Serialize with an IR version that onnxruntime accepts (the lowest the opsets allow)."""
     proto = ir.serde.serialize_model(model)
+    # A type without a shape is invalid in value_info (onnx.checker); such hints are dropped.
+    known = [v for v in proto.graph.value_info if v.type.tensor_type.HasField("shape")]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(known)
     standard = [op for op in proto.opset_import if op.domain in ("", "ai.onnx", "ai.onnx.ml")]
     proto.ir_version = max(7, onnx.helper.find_min_ir_version_for(standard, ignore_unknown=True))
     return proto

@@ -6,10 +6,13 @@ import onnx_ir as ir
 
 
 def take_name(new: ir.Value, old: ir.Value) -> None:
-    """Let `new` carry `old`'s name (tensor names are how layers are matched across models)."""
+    """Let `new` carry `old`'s name (tensor names are how layers are matched across models), and
+    its shape when `new` has none: it is the same tensor, computed another way."""
     name = old.name
     old.name = None
     new.name = name
+    if new.shape is None and old.shape is not None:
+        new.shape = old.shape
 
 
 def replace_value(old: ir.Value, new: ir.Value, *, keep_name: bool = True) -> None:
