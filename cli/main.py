@@ -446,7 +446,7 @@ def _plot_layers(comparison) -> bytes:
     colors = ["tab:orange" if l.precision == "f32" else "tab:blue" for l in layers]
     axes.barh([l.name for l in layers], [l.sqnr_db for l in layers], color=colors)
     axes.invert_yaxis()
-    axes.set_xlabel("SQNR vs reference (dB); orange: computed in f32")
+    axes.set_xlabel("SQNR of each tensor's quantization vs the reference (dB); orange: computed in f32")
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")

@@ -1,6 +1,7 @@
 """The command line: help that teaches, version, inspect and transform on a real file."""
 
 import json
+import sys
 
 import onnx
 import pytest
@@ -95,3 +96,18 @@ def test_export_writes_a_model_onnxruntime_runs(fq_model, tmp_path):
     assert result.exit_code == 0, result.output
     ops = [n.op_type for n in onnx.load(out).graph.node]
     assert "QLinearConv" in ops
+
+
+def test_compare_plots_per_layer_sqnr_or_says_what_is_missing(fq_model, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    models = Path(__file__).parent.parent / "models"
+    args = ["compare", models / "digits_cnn.onnx", models / "digits_cnn.ort_qdq.onnx", "--data",
+            models / "digits_cnn.test.npz", "--labels", "labels"]
+    plot = tmp_path / "layers.png"
+    result = invoke(*args, "--plot", plot)
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    missing = invoke(*args, "--plot", tmp_path / "again.png")
+    assert missing.exit_code == 1 and "needs matplotlib" in missing.output

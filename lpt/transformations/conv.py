@@ -49,9 +49,11 @@ def zero_point_input(graph: ir.Graph, zero_point: np.ndarray, dtype: ir.DataType
 
 
 class ConvTransformation(LayerTransformation):
-    op_types = ("Conv",)
+    op_types = ("Conv", "ConvTranspose")
 
     def can_be_transformed(self, node: ir.Node) -> Check:
+        if node.op_type == "ConvTranspose":
+            return Check.fail("lpt has no integer ConvTranspose yet (ONNX has none to export either): it runs in f32")
         activation = check_activation(Dequantization.of(node.inputs[0]))
         if not activation:
             return activation

@@ -93,29 +93,34 @@ def insert_dequantization(graph: ir.Graph, data: ir.Value, scale, shift, *, afte
     return multiply.outputs[0]
 
 
-def move_after(node: ir.Node, dequantizations: dict[int, Dequantization], scale, shift) -> ir.Value:
+def move_after(node: ir.Node, dequantizations: dict[int, Dequantization], scale, shift,
+               outputs: tuple[int, ...] = (0,)) -> None:
     """Rewire `node` to read the integer tensors and re-apply a dequantization after it.
 
-    `dequantizations` maps input index → the dequantization feeding it; the node's first
-    output becomes an integer tensor of the first one's type, read through the new
-    (`scale`, `shift`). The dequantized output keeps the node's output name.
+    `dequantizations` maps input index → the dequantization feeding it. Each output in
+    `outputs` (the first; every one of a Split) becomes an integer tensor of the first
+    dequantization's type, read through the new (`scale`, `shift`), and the dequantized value
+    keeps the output's name.
     """
     graph = node.graph
     first = next(iter(dequantizations.values()))
     for index, dq in dequantizations.items():
         node.replace_input_with(index, dq.data)
-    out = node.outputs[0]
-    out.type = ir.TensorType(first.data.dtype)
-    users = list(out.uses())
-    was_output = out.is_graph_output()
-    new = insert_dequantization(graph, out, scale, shift, after=node, name=f"{node.name or out.name}/dequantize")
-    for user, index in users:
-        user.replace_input_with(index, new)
-    if was_output:
-        graph.outputs[graph.outputs.index(out)] = new
-    take_name(new, out)
-    out.name = f"{new.name}/quantized"
+    for position in outputs:
+        out = node.outputs[position]
+        out.type = ir.TensorType(first.data.dtype)
+        users = list(out.uses())
+        was_output = out.is_graph_output()
+        if not users and not was_output:
+            continue
+        new = insert_dequantization(graph, out, scale, shift, after=node,
+                                    name=f"{node.name or out.name}/dequantize{position or ''}")
+        for user, index in users:
+            user.replace_input_with(index, new)
+        if was_output:
+            graph.outputs[graph.outputs.index(out)] = new
+        take_name(new, out)
+        out.name = f"{new.name}/quantized"
     node.doc_string = None
     for dq in dequantizations.values():
         remove_unused(graph, reversed(dq.nodes))
-    return new

@@ -18,7 +18,8 @@ from lpt.transformations.dequantization import Dequantization, move_after
 
 # Ops that keep every axis where it is, so per-channel scales ride along unchanged.
 _KEEP_AXES = ("MaxPool", "Resize", "Identity")
-_MOVE_ONLY = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "DepthToSpace", "SpaceToDepth", "Pad")
+_MOVE_ONLY = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Gather", "DepthToSpace", "SpaceToDepth",
+              "Pad")
 
 
 class MoveThroughPrecisionPreserved(LayerTransformation):
@@ -31,7 +32,7 @@ class MoveThroughPrecisionPreserved(LayerTransformation):
         dq = Dequantization.of(node.inputs[0])
         if dq is None:
             return Check.fail("input is not dequantized")
-        if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+        if node.op_type != "Split" and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return Check.fail("a second output (indices) is used")
         if node.op_type == "MaxPool" and np.any(dq.scale <= 0):
             return Check.fail("a non-positive scale reverses the order MaxPool picks by")
@@ -63,7 +64,8 @@ class MoveThroughPrecisionPreserved(LayerTransformation):
             level = const_array(node.inputs[2]) / dq.scale + (0 if dq.shift is None else dq.shift)
             node.replace_input_with(2, add_constant(node.graph, f"{node.name}/pad_level",
                                                     np.round(level).astype(dq.data.dtype.numpy()).reshape(())))
-        move_after(node, {0: dq}, scale, shift)
+        outputs = tuple(range(len(node.outputs))) if node.op_type == "Split" else (0,)
+        move_after(node, {0: dq}, scale, shift, outputs)
 
 
 def _attr(node: ir.Node, name: str, default):

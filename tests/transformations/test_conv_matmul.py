@@ -69,3 +69,11 @@ def test_matmul_of_two_activations_as_in_attention():
     assert op_types(after) == ["QuantizeLinear", "QuantizeLinear", "MatMulInteger", "Cast", "Mul"]
     feeds = {"q": RNG.normal(size=(2, 4, 8)).astype(np.float32), "k": RNG.normal(size=(2, 8, 4)).astype(np.float32)}
     assert_same_outputs(before, after, feeds, atol=1e-5)
+
+
+def test_conv_transpose_says_why_it_stays_float():
+    g = Graph()
+    g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(128)), g.weight((2, 3, 3, 3))], name="y")
+    m = g.build({"x": [1, 2, 4, 4]}, ["y"])[1]
+    run_subset(m, ConvTransformation)
+    assert "no integer ConvTranspose" in reasons(m)["y"]

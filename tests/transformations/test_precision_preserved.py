@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from lpt.transformations.fake_quantize_decomposition import FakeQuantizeDecomposition
 from lpt.transformations.precision_preserved import MoveThroughPrecisionPreserved
@@ -51,6 +52,24 @@ def test_move_through(op_type, per_channel, attrs, moved):
         assert ops.index(op_type) == len(ops) - 1 and reasons(after)["y"]
     x = RNG.uniform(-3, 6, SHAPE).astype(np.float32)
     assert_same_outputs(before, after, {"x": x}, atol=0)
+
+
+def test_split_gives_each_output_its_own_dequantization():
+    def build():
+        g = Graph()
+        a, b = "a", "b"
+        g.nodes.append(helper.make_node("Split", [g.fq("x", 0.1, np.uint8(7))], [a, b], name="split", axis=1,
+                                        num_outputs=2))
+        g.op("Relu", [a], name="y")
+        g.op("Relu", [b], name="z")
+        return g.build({"x": [2, 4]}, ["y", "z"], opset=18)[1]
+
+    before, after = build(), build()
+    apply([FakeQuantizeDecomposition, MoveThroughPrecisionPreserved], after)
+    split = next(n for n in after.graph if n.op_type == "Split")
+    assert all(o.dtype.name == "UINT8" for o in split.outputs)
+    assert [n.op_type for n in after.graph].count("Cast") == 2
+    assert_same_outputs(before, after, {"x": RNG.uniform(-1, 2, (2, 4)).astype(np.float32)}, atol=0)
 
 
 def test_maxpool_refuses_a_negative_scale():
