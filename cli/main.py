@@ -206,12 +206,12 @@ def _share(fraction: float) -> str:
 
 
 def _print_check(check) -> None:
-    table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB, "
-                        f"{_share(check.share_exact)} exactly equal", title_justify="left")
-    for column in ("quantized tensor", "max LSB", "exactly equal", "values"):
+    table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB end to end ({_share(check.share_exact)} "
+                        f"exactly equal), max {check.max_local_lsb} LSB per layer", title_justify="left")
+    for column in ("quantized tensor", "max LSB", "exactly equal", "max LSB, layer alone", "values"):
         table.add_column(column)
-    for t in check.tensors:
-        table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(t.size))
+    for t, alone in zip(check.tensors, check.local):
+        table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(alone.max_lsb), str(t.size))
     console.print(table)
     outputs = Table(title="outputs (f32)", title_justify="left")
     for column in ("output", "against", "max |diff|", "exactly equal"):
@@ -320,8 +320,8 @@ def _print_quantize_report(report) -> None:
         if p.precision == "f32":
             console.print(f"  f32: {p.node} ({p.op_type}): {p.reason}")
     check = report.check
-    console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB over {len(check.tensors)} quantized tensors, "
-                  f"{_share(check.share_exact)} exactly equal")
+    console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB end to end over {len(check.tensors)} quantized "
+                  f"tensors ({_share(check.share_exact)} exactly equal), max {check.max_local_lsb} LSB per layer alone")
     for o in check.outputs:
         console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}")
     agreement = report.agreement

@@ -60,8 +60,14 @@ def run_fake_quantized(fq_model: ir.Model, feeds: dict, outputs: list[str]) -> t
 
 
 def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Model,
-                               feeds: dict[str, np.ndarray]) -> list[TensorAgreement]:
-    """Per quantize node of the int8 graph: lpt's integers vs the reference's, in LSBs."""
+                               feeds: dict[str, np.ndarray], *, local: bool = False) -> list[TensorAgreement]:
+    """Per quantize node of the int8 graph: lpt's integers vs the reference's, in LSBs.
+
+    End to end (default), a one-LSB difference at one tensor, which f32 rounding at a tie
+    produces, travels on and can grow through the layers after it. With `local`, every step
+    reads the reference's integers for the quantized tensors it consumes, so each tensor's
+    figure is what its own layer adds.
+    """
     fq_names = {v.name for n in ir.traversal.RecursiveGraphIterator(fq_model.graph) for v in n.outputs}
     fq_names |= {v.name for v in fq_model.graph.inputs}
     targets = []
@@ -73,14 +79,23 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
                 targets.append((node.inputs[0].name, node.outputs[0].name, function))
     if not targets:
         return []
-    ours = plan.run(feeds, keep=True)
     reference, _ = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))
+    expected = {quantized: function(reference[source]) for source, quantized, function in targets}
+    ours = _run_steps(plan, feeds, expected if local else {})
     result = []
-    for source, quantized, function in targets:
+    for source, quantized, _ in targets:
         if quantized not in ours:  # fused away inside a step: its integers are not materialized
             continue
-        expected = function(reference[source]).astype(np.int64)
-        difference = np.abs(ours[quantized].astype(np.int64) - expected)
+        difference = np.abs(ours[quantized].astype(np.int64) - expected[quantized].astype(np.int64))
         result.append(TensorAgreement(source, int(difference.max(initial=0)), float((difference == 0).mean()),
                                       int(difference.size)))
     return result
+
+
+def _run_steps(plan: Plan, feeds: dict[str, np.ndarray], substitutes: dict[str, np.ndarray]) -> dict:
+    """Every tensor of a plan run; a step reads `substitutes[name]` instead of the computed value."""
+    env = {**plan.constants, **feeds}
+    for step in plan.steps:
+        outputs = step.run(*[substitutes.get(n, env[n]) if n in substitutes else env[n] for n in step.inputs])
+        env.update(zip(step.outputs, outputs))
+    return env

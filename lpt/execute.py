@@ -26,13 +26,18 @@ class OutputAgreement:
 
 @dataclass
 class CrossCheck:
-    tensors: list[TensorAgreement] = field(default_factory=list)  # lpt vs the FQ model, per quantized tensor
+    tensors: list[TensorAgreement] = field(default_factory=list)  # lpt vs the FQ model, end to end
+    local: list[TensorAgreement] = field(default_factory=list)  # each layer fed the reference's integers
     outputs: list[OutputAgreement] = field(default_factory=list)
     export_notes: list[str] = field(default_factory=list)
 
     @property
     def max_lsb(self) -> int:
         return max((t.max_lsb for t in self.tensors), default=0)
+
+    @property
+    def max_local_lsb(self) -> int:
+        return max((t.max_lsb for t in self.local), default=0)
 
     @property
     def share_exact(self) -> float:
@@ -65,7 +70,8 @@ def run_plan(plan: Plan, batches) -> tuple[dict[str, np.ndarray], float]:
 
 def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarray]) -> CrossCheck:
     """lpt vs onnxruntime on the FQ model (per quantized tensor, in LSBs) and vs onnxruntime on lpt's export."""
-    check = CrossCheck(tensors=quantized_tensor_agreement(int8_model, plan, fq_model, batch))
+    check = CrossCheck(tensors=quantized_tensor_agreement(int8_model, plan, fq_model, batch),
+                       local=quantized_tensor_agreement(int8_model, plan, fq_model, batch, local=True))
     ours = plan.run(batch)
     exported, report = to_standard_int8(int8_model)
     check.export_notes = report.approximated

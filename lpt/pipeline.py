@@ -61,6 +61,7 @@ class QuantizeReport:
             "f32_ops": [{"node": p.node, "op": p.op_type, "reason": p.reason}
                         for p in self.precisions if p.precision == "f32"],
             "cross_check": {"max_lsb": self.check.max_lsb, "share_exact": self.check.share_exact,
+                            "max_lsb_per_layer": self.check.max_local_lsb,
                             "tensors": [t.__dict__ for t in self.check.tensors],
                             "outputs": [o.__dict__ for o in self.check.outputs]},
             "agreement": self.agreement.to_dict(),
