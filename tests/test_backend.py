@@ -106,7 +106,7 @@ def test_dequantize_then_quantize_is_one_requantize_step():
     np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
 
 
-@pytest.mark.parametrize("op", ["Add", "Concat"])
+@pytest.mark.parametrize("op", ["Add", "Mul", "Concat"])
 def test_join_of_two_quantized_branches_is_one_integer_step(op):
     from tests.transformations.builders import Graph
 

@@ -10,7 +10,7 @@
                                                       integer average (exact half-to-even, see
                                                       lpt.kernels.pooling), rescaled to the output;
     MaxPool, Relu, Max(zero point), Clip on integers  integer kernels;
-    Add|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
+    Add|Mul|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
                                                       argument scaling: each branch dequantized
                                                       with its own scale, joined, requantized.
 
@@ -73,8 +73,8 @@ def try_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
 
 
 def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
-    """Add or Concat of dequantized 8-bit branches followed by a quantize: one step from integers to integers."""
-    if node.op_type not in ("Add", "Concat") or node.domain not in ("", "ai.onnx"):
+    """Add, Mul or Concat of dequantized 8-bit branches followed by a quantize: one step from integers to integers."""
+    if node.op_type not in ("Add", "Mul", "Concat") or node.domain not in ("", "ai.onnx"):
         return None
     branches = []
     for value in node.inputs:
@@ -101,7 +101,10 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
         for q, (scale, shift) in zip(integers, parameters):
             x = q.astype(np.float32)
             parts.append((x - shift if shift is not None else x) * scale)
-        x = parts[0] + parts[1] if node.op_type == "Add" else np.concatenate(parts, axis=axis)
+        if node.op_type == "Concat":
+            x = np.concatenate(parts, axis=axis)
+        else:
+            x = parts[0] + parts[1] if node.op_type == "Add" else parts[0] * parts[1]
         if relu is not None:
             x = np.maximum(x, np.float32(0))
         return [destination[1](x)]
