@@ -91,6 +91,7 @@ def compile_model(model: ir.Model, threads: int = 1) -> Plan:
     stood: every input of the group is ready by then, in any topological order.
     """
     from lpt.backend.int8_steps import try_int8_step, try_join_step
+    from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 
     model = _typed(model)
     graph = model.graph
@@ -114,7 +115,7 @@ def compile_model(model: ir.Model, threads: int = 1) -> Plan:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = try_int8_step(node)
+        fused = try_int8_step(node) or try_onnx_int8_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             place(*fused)
             continue

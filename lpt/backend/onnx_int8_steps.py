@@ -1,0 +1,85 @@
+"""Standard ONNX int8 ops as they come, parameters possibly given at run time, on lpt's kernels.
+
+    ConvInteger, MatMulInteger                      exact int32 accumulators
+    QLinearConv, QLinearMatMul                      ONNX's own requantization (lpt.kernels.qlinear_output)
+    QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear     lpt.numerics (onnxruntime's arithmetic)
+
+lpt's own graphs reach these only where a chain in lpt.backend.int8_steps does not fit; a model
+exported as standard ONNX int8 (or ONNX's node test models) runs here as it is, weights and all
+parameters as inputs, packed on every call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt import kernels
+from lpt.backend.plan import Step
+from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_linear
+
+_OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear",
+        "DynamicQuantizeLinear")
+_INTEGERS = (ir.DataType.UINT8, ir.DataType.INT8)
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    return node.attributes[name].value if name in node.attributes else default
+
+
+def _zero(value):
+    return np.zeros((), np.int32) if value is None else value
+
+
+def _runner(node: ir.Node):
+    window = dict(groups=_attr(node, "group", 1), strides=_attr(node, "strides"), dilations=_attr(node, "dilations"),
+                  pads=_attr(node, "pads"))
+    op = node.op_type
+    if op == "ConvInteger":
+        return lambda x, w, x_zp=None, w_zp=None: [
+            kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window)).astype(np.int32)]
+    if op == "MatMulInteger":
+        return lambda a, b, a_zp=None, b_zp=None: [
+            kernels.matmul_accumulate(a, _zero(a_zp), b, _zero(b_zp)).astype(np.int32)]
+    if op in ("QLinearConv", "QLinearMatMul"):
+        def run(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None):
+            info = np.iinfo(y_zp.dtype)
+            multiplier = kernels.qlinear_multiplier(x_scale, w_scale, y_scale)
+            if op == "QLinearConv":
+                acc = kernels.conv_accumulate(x, kernels.pack_conv(w, w_zp, int(x_zp), **window))
+                return [kernels.qlinear_output(acc, multiplier, y_zp, int(info.min), int(info.max), bias=bias)]
+            acc = kernels.matmul_accumulate(x, x_zp, w, w_zp)
+            return [kernels.qlinear_output(acc, multiplier, y_zp, int(info.min), int(info.max), axis=-1)]
+        return run
+    axis, block_size = _attr(node, "axis", 1), _attr(node, "block_size", 0)
+    if op == "QuantizeLinear":
+        output_dtype = _attr(node, "output_dtype")
+        dtype = ir.DataType(output_dtype).numpy() if output_dtype else None
+        return lambda x, scale, zp=None: [quantize_linear(x, scale, zp, axis=axis, block_size=block_size,
+                                                          output_dtype=dtype)]
+    if op == "DequantizeLinear":
+        return lambda q, scale, zp=None: [dequantize_linear(q, scale, zp, axis=axis, block_size=block_size)]
+    return lambda x: list(dynamic_quantize_linear(x))
+
+
+def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
+    """A kernel step for a standard int8 op, or None (unknown op, or a type the kernels do not take)."""
+    if node.op_type not in _OPS or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul") and any(
+            v is not None and v.dtype is not None and v.dtype.is_integer() and v.dtype not in _INTEGERS
+            for v in (node.inputs[0], node.inputs[1 if "Integer" in node.op_type else 3])):
+        return None
+    names = [v.name if v is not None else "" for v in node.inputs]
+    run = _runner(node)
+    present = [i for i, name in enumerate(names) if name]
+
+    def call(*arrays):
+        arguments = [None] * len(names)
+        for index, array in zip(present, arrays):
+            arguments[index] = array
+        return run(*arguments)
+
+    step = Step(call, tuple(names[i] for i in present), tuple(v.name for v in node.outputs), (node.name,),
+                (node.op_type,), "int8 kernel")
+    return step, [node]
