@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpt.kernels.gemm import (F32_EXACT_INTEGERS, accumulator_dtype, deviation_bound, exact_chunk, integer_matmul,
-                              integer_range, magnitude_bound)
+from lpt.kernels import gemm
+from lpt.kernels.gemm import accumulator_dtype, deviation_bound, exact_chunk, integer_range, magnitude_bound
 from lpt.kernels.window import Window
 
 
@@ -34,6 +34,7 @@ class PackedConv:
     src_zero_point: int
     weight_bound: int  # max |W'|, 1 for all-zero weights
     weight_abs_sum: int  # max over oc of Σ_k |W'[oc, k]|: bounds every partial sum of one output
+    chunks: dict  # max|q_src| (128 or 255) → slices of K whose f32 partial sums are all exact
     groups: int
     window: Window
 
@@ -62,6 +63,7 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         raise ValueError(f"{zero_point.size} weight zero points for {out_channels} output channels")
     centred = weights.astype(np.int64).reshape(out_channels, -1) - zero_point[:, None]
     compensation = centred.sum(axis=1)
+    magnitudes = np.abs(centred)
     offset = -int(src_zero_point) * compensation
     return PackedConv(
         weights=centred.astype(np.float32).reshape(groups, out_channels // groups, -1),
@@ -69,10 +71,30 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         offset=offset.reshape((out_channels,) + (1,) * len(kernel)),
         src_zero_point=int(src_zero_point),
         weight_bound=max(1, int(np.abs(centred).max(initial=0))),
-        weight_abs_sum=max(1, int(np.abs(centred).sum(axis=1).max(initial=0))),
+        weight_abs_sum=max(1, int(magnitudes.sum(axis=1).max(initial=0))),
+        chunks={bound: exact_chunks(magnitudes, gemm.F32_EXACT_INTEGERS // bound) for bound in (128, 255)},
         groups=groups,
         window=Window.of(kernel, strides, dilations, pads),
     )
+
+
+def exact_chunks(magnitudes: np.ndarray, limit: int) -> tuple[slice, ...]:
+    """Cut K into slices with Σ_{k in slice} |W'[oc, k]| ≤ limit for every output channel oc.
+
+    A partial sum within a slice is a sum of some of its products, so with |q_src| ≤ A and
+    limit = 2^24 // A it is an integer of magnitude ≤ 2^24: exact in float32, in any order.
+    Greedy, one slice after another, each as long as the bound allows (at least one column).
+    """
+    cumulative = np.concatenate([np.zeros((magnitudes.shape[0], 1), np.int64), np.cumsum(magnitudes, axis=1)], axis=1)
+    k = magnitudes.shape[1]
+    slices, start = [], 0
+    while start < k:
+        # Σ over [start, end) of each row, for every end: nondecreasing in end, so a search finds the cut.
+        widest = (cumulative[:, start + 1:] - cumulative[:, start:start + 1]).max(axis=0)
+        end = start + max(1, int(np.searchsorted(widest, limit, side="right")))
+        slices.append(slice(start, end))
+        start = end
+    return tuple(slices) or (slice(0, 0),)
 
 
 def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = False) -> np.ndarray:
@@ -82,11 +104,11 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     Whatever order a BLAS sums in, a partial sum of one output is a sum of some of its products
     q_src·W'[oc, k], so its magnitude is at most max|q_src|·Σ_k|W'[oc, k]|; the result
     (q_src − zp)·W' and the offset zp·comp are bounded by max|q_src − zp|·Σ_k|W'| the same way.
-    When that bound is ≤ 2^24 one float32 GEMM is exact: trained weights, far below their
-    maximum on average, usually allow that for K in the thousands where the worst case
-    max|q|·max|W'|·K would cut K into chunks of 514. With `exact_float` the accumulators then
-    come back as float32 holding the same integers: an f32 output stage reads them without two
-    conversions.
+    K is cut where that bound would pass 2^24 (`exact_chunks`, at packing): trained weights, far
+    below their maximum on average, allow slices in the thousands where the worst case
+    max|q|·max|W'|·K would cut at 514. With `exact_float`, when the whole result fits 2^24, the
+    accumulators come back as float32 holding the same integers: an f32 output stage reads them
+    without two conversions.
     """
     src_q = np.asarray(src_q)
     qmin, qmax = integer_range(src_q.dtype)
@@ -101,22 +123,20 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     src_bound = magnitude_bound(src_q.dtype)
     bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
     sum_bound = max(src_bound, deviation_bound(src_q.dtype, packed.src_zero_point)) * packed.weight_abs_sum
-    if sum_bound <= F32_EXACT_INTEGERS and reduction != window.taps:
-        raw = np.matmul(packed.weights, _im2col(padded, window, out_shape, groups))
-        acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape)
-        np.add(acc, packed.offset.astype(np.float32), out=acc)
-        return acc if exact_float else acc.astype(accumulator_dtype(bound))
     if reduction == window.taps and window.taps <= exact_chunk(src_bound, packed.weight_bound):
         raw = _depthwise(padded, packed.weights, window, out_shape)
     else:
-        raw = _im2col_gemm(padded, packed.weights, window, out_shape, groups, src_bound, packed.weight_bound)
+        cols = _im2col(padded, window, out_shape, groups)
+        chunks = packed.chunks[src_bound]
+        if len(chunks) == 1 and sum_bound <= gemm.F32_EXACT_INTEGERS:
+            acc = np.matmul(packed.weights, cols).reshape((src_q.shape[0], packed.out_channels) + out_shape)
+            np.add(acc, packed.offset.astype(np.float32), out=acc)
+            return acc if exact_float else acc.astype(accumulator_dtype(bound))
+        raw = np.matmul(packed.weights[..., chunks[0]], cols[..., chunks[0], :]).astype(np.int64)
+        for chunk in chunks[1:]:
+            raw += np.matmul(packed.weights[..., chunk], cols[..., chunk, :]).astype(np.int64)
     acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape) + packed.offset
     return acc.astype(accumulator_dtype(bound))
-
-
-def _im2col_gemm(padded, weights, window: Window, out_shape, groups: int, src_bound: int, weight_bound: int):
-    """Σ_k W'[g, j, k]·cols[n, g, k, p]: int64 [N, g, OC/g, P]."""
-    return integer_matmul(weights, _im2col(padded, window, out_shape, groups), weight_bound, src_bound)
 
 
 def _im2col(padded, window: Window, out_shape, groups: int) -> np.ndarray:

@@ -58,3 +58,18 @@ def test_convolution_stays_within_the_bound(layout, monkeypatch):
     assert conv_accumulate(src, pack_conv(weights))[0, 0, 0, 0] == EXACT
     monkeypatch.setattr(gemm, "F32_EXACT_INTEGERS", 2**25)
     assert conv_accumulate(src, pack_conv(weights))[0, 0, 0, 0] != EXACT
+
+
+@given(st.integers(1, 6), st.integers(1, 400), st.integers(1, 5000), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_exact_chunks_keep_every_output_row_under_the_limit_and_are_greedy(rows, k, limit, seed):
+    from lpt.kernels.conv import exact_chunks
+
+    magnitudes = np.random.default_rng(seed).integers(0, 128, (rows, k))
+    slices = exact_chunks(magnitudes, limit)
+    assert [i for s in slices for i in range(k)[s]] == list(range(k))
+    for s in slices:
+        widest = magnitudes[:, s].sum(axis=1).max()
+        assert widest <= limit or s.stop - s.start == 1  # a single column over the limit stands alone
+        if s.stop < k:  # taking one more column would have crossed the limit
+            assert magnitudes[:, s.start:s.stop + 1].sum(axis=1).max() > limit
