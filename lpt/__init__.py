@@ -61,14 +61,16 @@ def run(model: str | os.PathLike | ir.Model, data, *, batch_size: int = 32, chec
     Returns a RunResult: outputs by name (concatenated over the data), the compiled plan (its
     int8/f32 split) and, with `check`, the cross-check against onnxruntime on the first batch.
     """
-    from lpt.calibration.data import CalibrationData, input_specs
+    from lpt.calibration.data import CalibrationData, input_specs, split_labels
     from lpt.execute import RunResult, cross_check, run_plan
 
     fq_model = load(model) if isinstance(model, (str, os.PathLike)) else model
     int8_model = clone(fq_model)
     transform(int8_model)
     plan = compile_model(int8_model, threads=threads)
-    dataset = CalibrationData(data, input_specs(int8_model), batch_size=batch_size)
+    specs = input_specs(int8_model)
+    inputs, _ = split_labels(data, None, [s.name for s in specs])  # a test file's labels are not inputs
+    dataset = CalibrationData(inputs, specs, batch_size=batch_size)
     outputs, seconds = run_plan(plan, dataset.batches())
     result = RunResult(outputs, plan, seconds)
     if check:

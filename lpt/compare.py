@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from lpt.calibration.data import CalibrationData, input_specs
+from lpt.calibration.data import CalibrationData, input_specs, split_labels
 from lpt.crosscheck import run_onnxruntime
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -63,21 +63,6 @@ class Comparison:
         return out
 
 
-def _split_labels(data, labels: str | None, input_names: list[str]):
-    """(inputs, labels or None). Labels travel in the same .npz or dict as the inputs, under
-    `labels`; any other key that is not an input (a test file's labels when none are asked
-    for) is left out."""
-    if isinstance(data, (str, os.PathLike)) and str(data).endswith(".npz"):
-        with np.load(data, allow_pickle=False) as archive:
-            data = {k: archive[k] for k in archive.files}
-    if labels is not None and (not isinstance(data, dict) or labels not in data):
-        raise DataError(f"no labels under key {labels!r} in the data")
-    if not isinstance(data, dict):
-        return data, None
-    inputs = {k: v for k, v in data.items() if k in input_names or k not in (labels, "labels")}
-    return inputs, None if labels is None else np.asarray(data[labels])
-
-
 def _dequantize_function(node: ir.Node):
     """Integers of a quantize node → the float values they stand for."""
     if node.domain == "lpt":
@@ -103,7 +88,7 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     reference = lpt.read_model(reference) if isinstance(reference, (str, os.PathLike)) else reference
     candidate = lpt.load(candidate) if isinstance(candidate, (str, os.PathLike)) else candidate
     specs = input_specs(reference)
-    inputs, label_array = _split_labels(data, labels, [s.name for s in specs])
+    inputs, label_array = split_labels(data, labels, [s.name for s in specs])
     dataset = CalibrationData(inputs, specs, batch_size=batch_size)
     output_names = [v.name for v in reference.graph.outputs]
 

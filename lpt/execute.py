@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from lpt.backend import Plan, compile_model
+from lpt.backend import Plan
 from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_fake_quantized, run_onnxruntime
 from lpt.export.int8 import to_standard_int8
 

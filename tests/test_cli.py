@@ -111,3 +111,12 @@ def test_compare_plots_per_layer_sqnr_or_says_what_is_missing(fq_model, tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     missing = invoke(*args, "--plot", tmp_path / "again.png")
     assert missing.exit_code == 1 and "needs matplotlib" in missing.output
+
+
+def test_run_reads_a_test_file_whose_labels_are_not_inputs(tmp_path):
+    from pathlib import Path
+
+    models = Path(__file__).parent.parent / "models"
+    result = invoke("run", models / "digits_cnn.ort_qdq.onnx", "--data", models / "digits_cnn.test.npz")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("540 samples")

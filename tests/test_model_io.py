@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import lpt
 from cli.main import main

@@ -60,6 +60,23 @@ def data_beside(model: str | os.PathLike) -> Path:
                     "input name, a .npy for a single-input model, or a folder of them)")
 
 
+def split_labels(data, labels: str | None, input_names: list[str]):
+    """(inputs, labels or None). Labels travel in the same .npz or dict as the inputs, under
+    `labels`; a key named "labels" that is not an input (a test file's, when none are asked
+    for) is left out. An .npz without labels stays a path, read a batch at a time."""
+    if isinstance(data, (str, os.PathLike)) and str(data).endswith(".npz") and Path(data).is_file():
+        with np.load(data, allow_pickle=False) as archive:
+            if labels is None and ("labels" not in archive.files or "labels" in input_names):
+                return data, None
+            data = {k: archive[k] for k in archive.files}
+    if labels is not None and (not isinstance(data, dict) or labels not in data):
+        raise DataError(f"no labels under key {labels!r} in the data")
+    if not isinstance(data, dict):
+        return data, None
+    inputs = {k: v for k, v in data.items() if k in input_names or k not in (labels, "labels")}
+    return inputs, None if labels is None else np.asarray(data[labels])
+
+
 def input_specs(model: ir.Model) -> list[InputSpec]:
     """The inputs a caller must feed (initializers listed as inputs are not among them)."""
     specs = []

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lpt.kernels import conv_accumulate, pack_conv
 from lpt.kernels.reference import conv_reference
-from tests.kernels.cases import FILLS, RANGES, filled, zero_points
+from tests.kernels.cases import FILLS, filled, zero_points
 from tests.kernels.ort_models import run_node
 
 

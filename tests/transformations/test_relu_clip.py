@@ -7,7 +7,7 @@ from lpt.transformations.clip import ClipTransformation
 from lpt.transformations.fake_quantize_decomposition import FakeQuantizeDecomposition
 from lpt.transformations.relu import ReluTransformation
 from tests.graphs import op_types
-from tests.transformations.builders import RNG, Graph, apply, assert_same_outputs, openvino_fq, reasons
+from tests.transformations.builders import Graph, apply, assert_same_outputs, openvino_fq, reasons
 
 
 @pytest.mark.parametrize("zero_point, integer_op", [(np.int8(0), "Relu"), (np.uint8(128), "Max"), (np.int8(-20), "Max"),
