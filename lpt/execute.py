@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 
-from lpt.backend import Plan
+from lpt.backend import Plan, compile_model
 from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_fake_quantized, run_onnxruntime
 from lpt.export.int8 import to_standard_int8
+from lpt.model_io import clone
 
 logger = logging.getLogger(__name__)
 
@@ -84,3 +86,27 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
             check.outputs.append(OutputAgreement(name, against, float(difference.max(initial=0)),
                                                  float((difference == 0).mean())))
     return check
+
+
+def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 1) -> RunResult:
+    """Run a fake-quantized or int8 `model` (path or ir.Model) on lpt's backend over `data`.
+
+    Returns outputs by name (concatenated over the data), the compiled plan (its int8/f32 split)
+    and, with `check`, the cross-check against onnxruntime on the first batch.
+    """
+    from lpt import load
+    from lpt.calibration.data import CalibrationData, input_specs, split_labels
+    from lpt.transformations.pipeline import transform
+
+    fq_model = load(model) if isinstance(model, (str, os.PathLike)) else model
+    int8_model = clone(fq_model)
+    transform(int8_model)
+    plan = compile_model(int8_model, threads=threads)
+    specs = input_specs(int8_model)
+    inputs, _ = split_labels(data, None, [s.name for s in specs])  # a test file's labels are not inputs
+    dataset = CalibrationData(inputs, specs, batch_size=batch_size)
+    outputs, seconds = run_plan(plan, dataset.batches())
+    result = RunResult(outputs, plan, seconds)
+    if check:
+        result.check = cross_check(fq_model, int8_model, plan, next(iter(dataset.batches())))
+    return result
