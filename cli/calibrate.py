@@ -21,7 +21,7 @@ from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
 from lpt.calibration import calibrate as run_calibration
 from lpt.calibration.data import data_beside
 
-console = Console()
+console = Console(markup=False, highlight=False)  # node names may hold [brackets]
 
 
 def default_output(model: Path) -> Path:

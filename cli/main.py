@@ -14,7 +14,7 @@ from rich.table import Table
 
 import lpt
 
-console = Console()
+console = Console(markup=False, highlight=False)  # node names may hold [brackets]
 
 
 def _one_line_errors(command):
@@ -428,7 +428,7 @@ def bench(model: Path, data, fp32_path, threads: int, repeats: int, as_json: boo
     for engine, ms in result.median_ms.items():
         table.add_row(engine, f"{ms:.3f}", f"{ratios[engine]:.2f}" if ratios else "-")
     console.print(table)
-    console.print("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5]))
+    click.echo("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5]))
 
 
 def _plot_layers(comparison) -> bytes:

@@ -120,3 +120,16 @@ def test_run_reads_a_test_file_whose_labels_are_not_inputs(tmp_path):
     result = invoke("run", models / "digits_cnn.ort_qdq.onnx", "--data", models / "digits_cnn.test.npz")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("540 samples")
+
+
+def test_bench_reports_medians_and_ratios_as_json():
+    from pathlib import Path
+
+    models = Path(__file__).parent.parent / "models"
+    result = invoke("bench", models / "digits_cnn.ort_qdq.onnx", "--data", models / "digits_cnn.npz",
+                    "--fp32", models / "digits_cnn.onnx", "--repeats", 3, "--threads", 1, "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert set(figures["median_ms"]) == {"lpt int8", "onnxruntime QDQ", "onnxruntime fp32"}
+    assert figures["ratio_to_onnxruntime_fp32"]["onnxruntime fp32"] == 1.0
+    assert figures["profile_ms"]  # where lpt's time goes, step by step
