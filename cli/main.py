@@ -261,12 +261,13 @@ def export(model: Path, output: Path, force: bool) -> None:
 @click.option("--ignore", multiple=True, help="Leave in f32: a node name, re:REGEX, or an op type. Repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
 @click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
+@click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf (with a warning) instead of refusing the data.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the report as JSON here.")
 @click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @_one_line_errors
 def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
-             json_path, force, quiet) -> None:
+             skip_nonfinite, json_path, force, quiet) -> None:
     """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
 
     An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
@@ -291,6 +292,7 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
         result = lpt.quantize(model, _default_data(model, data), preset=preset,
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
                               bias_correction=not no_bias_correction, recalibrate=recalibrate,
+                              skip_nonfinite=skip_nonfinite,
                               quiet=quiet or not console.is_terminal,
                               on_stage=(lambda name: status.update(name)) if status is not None else None)
     finally:

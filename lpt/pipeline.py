@@ -102,12 +102,14 @@ class QuantizeResult:
 
 def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | None = None,
              estimator: str | None = None, subset_size: int = 300, ignore=(), bias_correction: bool = True,
-             recalibrate: bool = False, quiet: bool = True, on_stage=None) -> QuantizeResult:
+             recalibrate: bool = False, skip_nonfinite: bool = False, quiet: bool = True,
+             on_stage=None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
     `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
     graph runs on for the report; by default the .npz beside a model path. A model that already
-    holds FakeQuantize-equivalent patterns skips calibration unless `recalibrate`. `on_stage(name)`
+    holds FakeQuantize-equivalent patterns skips calibration unless `recalibrate`. Samples holding
+    NaN/Inf are refused, or skipped with `skip_nonfinite`. `on_stage(name)`
     is called as each stage starts (the CLI shows it).
     """
     seconds: dict[str, float] = {}
@@ -133,6 +135,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         options = {k: v for k, v in (("preset", preset), ("estimator", estimator)) if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
         result = timed("calibrate", calibrate, fp32, data, subset_size=subset_size, ignore=ignore,
+                       skip_nonfinite=skip_nonfinite,
                        bias_correction=bias_correction, quiet=quiet, **options)
         fq_model, calibration, reference = result.model, result.report, fp32
         normalize(fq_model)
@@ -141,10 +144,10 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     int8_model = clone(fq_model)
     timed("transform", transform, int8_model)
     plan = timed("compile", compile_model, int8_model)
-    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size)
+    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite)
     first = next(iter(dataset.batches()))
     check = timed("cross-check", cross_check, fq_model, int8_model, plan, first)
-    agreement = timed("run", compare, reference, fq_model, _limited(data, int8_model, subset_size))
+    agreement = timed("run", compare, reference, fq_model, _limited(data, int8_model, subset_size, skip_nonfinite))
     report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds)
     return QuantizeResult(fq_model, int8_model, plan, report, reference)
 
@@ -153,9 +156,9 @@ def _load(model) -> ir.Model:
     return read_model(model) if isinstance(model, (str, os.PathLike)) else clone(model)
 
 
-def _limited(data, model: ir.Model, subset_size: int):
+def _limited(data, model: ir.Model, subset_size: int, skip_nonfinite: bool):
     """The first `subset_size` samples of `data`, as one dict (compare reads the data once)."""
-    dataset = CalibrationData(data, input_specs(model), subset_size=subset_size)
+    dataset = CalibrationData(data, input_specs(model), subset_size=subset_size, skip_nonfinite=skip_nonfinite)
     batches = list(dataset.batches())
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 

@@ -133,3 +133,21 @@ def test_bench_reports_medians_and_ratios_as_json():
     assert set(figures["median_ms"]) == {"lpt int8", "onnxruntime QDQ", "onnxruntime fp32"}
     assert figures["ratio_to_onnxruntime_fp32"]["onnxruntime fp32"] == 1.0
     assert figures["profile_ms"]  # where lpt's time goes, step by step
+
+
+def test_quantize_refuses_non_finite_samples_unless_told_to_skip_them(tmp_path):
+    import numpy as np
+    from pathlib import Path
+
+    model = Path(__file__).parent.parent / "models" / "digits_cnn.onnx"
+    samples = np.load(model.with_suffix(".npz"))["input"][:16].copy()
+    samples[3, 0, 0, 0] = np.nan
+    data = tmp_path / "nan.npz"
+    np.savez(data, input=samples)
+    refused = invoke("quantize", model, "--data", data, "-o", tmp_path / "q", "--quiet")
+    assert refused.exit_code == 1 and "sample 3 holds NaN" in refused.output
+    assert not (tmp_path / "q.fq.onnx").exists()
+    skipped = invoke("quantize", model, "--data", data, "-o", tmp_path / "q", "--quiet", "--skip-nonfinite")
+    assert skipped.exit_code == 0, skipped.output
+    assert "calibrated on 15 samples" in skipped.output
+    assert (tmp_path / "q.fq.onnx").exists() and (tmp_path / "q.int8.onnx").exists()
