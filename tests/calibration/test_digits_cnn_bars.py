@@ -13,9 +13,6 @@ from lpt.calibration import calibrate
 MODELS = Path(__file__).resolve().parents[2] / "models"
 FP32, CALIB, TEST = (MODELS / f"digits_cnn{s}" for s in (".onnx", ".npz", ".test.npz"))
 
-pytestmark = pytest.mark.skipif(not (FP32.is_file() and CALIB.is_file() and TEST.is_file()),
-                                reason="models/digits_cnn.* not built")
-
 
 def run(path, feeds):
     import onnxruntime as ort
