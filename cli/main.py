@@ -327,11 +327,12 @@ def _print_quantize_report(report) -> None:
     for o in check.outputs:
         console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}")
     agreement = report.agreement
+    reference = "fp32" if report.calibration is not None else "the FQ model"
     for name, a in agreement.outputs.items():
-        console.print(f"fp32 vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
+        console.print(f"{reference} vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
                       f"max |err| {a.max_abs_error:.3g}")
     if agreement.top1 is not None:
-        console.print(f"  top-1 agreement with fp32: {agreement.top1.agreement:.2%}")
+        console.print(f"  top-1 agreement with {reference}: {agreement.top1.agreement:.2%}")
     console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items()))
 
 

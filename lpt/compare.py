@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt.calibration.data import CalibrationData, input_specs, split_labels
-from lpt.crosscheck import run_onnxruntime
+from lpt.crosscheck import run_fake_quantized, run_onnxruntime
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
@@ -109,11 +109,11 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     introduced = {name: Agreement() for name in probes}
     top1, seen = TopOne(), 0
     for batch in dataset.batches():
-        expected = run_onnxruntime(reference, batch, output_names + list(probes))
+        expected, _ = run_fake_quantized(reference, batch, output_names + list(probes))
         if plan is not None:
             got = plan.run(batch, keep=per_layer)
         else:
-            got = run_onnxruntime(candidate, batch, output_names + [p[0] for p in probes.values()], optimize=True)
+            got = _run_candidate_in_onnxruntime(candidate, batch, output_names + [p[0] for p in probes.values()])
         for name in output_names:
             outputs[name].add(expected[name], got[name])
         for name, (tensor, dequantize, _) in probes.items():
@@ -131,6 +131,14 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
                                             accumulated[name].sqnr_db, probes[name][2]) for name in probes),
                            key=lambda layer: layer.sqnr_db)
     return result
+
+
+def _run_candidate_in_onnxruntime(candidate: ir.Model, batch: dict, names: list[str]) -> dict:
+    try:
+        return run_onnxruntime(candidate, batch, names, optimize=True)
+    except Exception as err:  # noqa: BLE001 - e.g. OpenVINO's FakeQuantize op: say so in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(f"onnxruntime cannot run the candidate ({first}); use --backend lpt") from None
 
 
 def _fake_quantize_points(candidate: ir.Model, reference_names: set[str]) -> dict:

@@ -151,3 +151,17 @@ def test_quantize_refuses_non_finite_samples_unless_told_to_skip_them(tmp_path):
     assert skipped.exit_code == 0, skipped.output
     assert "calibrated on 15 samples" in skipped.output
     assert (tmp_path / "q.fq.onnx").exists() and (tmp_path / "q.int8.onnx").exists()
+
+
+def test_quantize_takes_an_openvino_form_model_straight_to_int8(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    models = Path(__file__).parent.parent / "models"
+    shutil.copy(models / "digits_cnn.ov_fq.onnx", tmp_path / "ov.onnx")
+    shutil.copy(models / "digits_cnn.npz", tmp_path / "ov.npz")
+    result = invoke("quantize", tmp_path / "ov.onnx")
+    assert result.exit_code == 0, result.output
+    assert "calibration skipped" in result.output and "the FQ model vs int8" in result.output
+    assert "onnx reference evaluator" in result.output  # onnxruntime cannot run OpenVINO's op
+    assert (tmp_path / "ov.int8.onnx").exists()
