@@ -121,3 +121,19 @@ def test_join_of_two_quantized_branches_is_one_integer_step(op):
     assert join.backend == "int8 kernel" and join.op_types[-1] == "QuantizeLinear"
     feeds = {"a": RNG.uniform(-2, 3, (2, 3)).astype(np.float32), "b": RNG.uniform(-1, 1, (2, 3)).astype(np.float32)}
     np.testing.assert_array_equal(plan.run(feeds)["y"], run_ort(m, feeds)[0])
+
+
+def test_a_bias_added_from_either_side_joins_the_output_stage():
+    """Exporters write a linear layer as MatMul then Add(bias, x) as often as Add(x, bias)."""
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    product = g.op("MatMul", [g.fq("x", 0.02, np.uint8(100)), g.weight((6, 4), axis=1)])
+    g.op("Relu", [g.fq(g.op("Add", [g.const(g.rng.normal(size=4).astype(np.float32)), product]), 0.03, np.uint8(50))],
+         name="y")
+    _, m = g.build({"x": [3, 6]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    assert ("MatMulInteger", "Cast", "Mul", "Add", "QuantizeLinear") in [s.op_types for s in plan.steps]
+    x = RNG.uniform(-2, 3, (3, 6)).astype(np.float32)
+    np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])

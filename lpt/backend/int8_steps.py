@@ -144,8 +144,9 @@ def _accumulate_chain(node: ir.Node):
     multiplier = _per_channel(multiplier, axis)
     bias, post_ops, last = None, [], mul
     add = _only_consumer(mul.outputs[0], ("Add",))
-    if add is not None and const_array(add.inputs[1]) is not None:
-        bias = _per_channel(const_array(add.inputs[1]), axis)
+    bias_value = next((v for v in add.inputs if v is not mul.outputs[0]), None) if add is not None else None
+    if bias_value is not None and const_array(bias_value) is not None:  # either side: Add commutes
+        bias = _per_channel(const_array(bias_value), axis)
         nodes.append(add)
         last = add
     while (op := _only_consumer(last.outputs[0], _POST_OPS) or _only_consumer(last.outputs[0], ("FakeQuantize",), "lpt")

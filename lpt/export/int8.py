@@ -44,6 +44,12 @@ def _only_consumer(value: ir.Value, op_type: str) -> ir.Node | None:
     return None
 
 
+def _bias_of(add: ir.Node, value: ir.Value) -> np.ndarray | None:
+    """The constant `add` adds to `value`, on either side."""
+    other = next((v for v in add.inputs if v is not value), None)
+    return const_array(other) if other is not None else None
+
+
 def _chain(node: ir.Node):
     """(cast, mul, add, relu, quantize) after an integer Conv/MatMul, or None."""
     cast = _only_consumer(node.outputs[0], "Cast")
@@ -51,7 +57,7 @@ def _chain(node: ir.Node):
     if mul is None or const_array(mul.inputs[1]) is None:
         return None
     last, add, relu = mul, None, None
-    if (candidate := _only_consumer(last.outputs[0], "Add")) and const_array(candidate.inputs[1]) is not None:
+    if (candidate := _only_consumer(last.outputs[0], "Add")) and _bias_of(candidate, last.outputs[0]) is not None:
         add = last = candidate
     if candidate := _only_consumer(last.outputs[0], "Relu"):
         relu = last = candidate
@@ -87,7 +93,7 @@ def _fuse(node: ir.Node, report: ExportReport) -> None:
     w_scale = add_constant(graph, f"{name}/w_scale", multiplier if multiplier.size > 1 else multiplier.reshape(()))
     inputs = [x, one, x_zp, w, w_scale, w_zp, quantize.inputs[1], quantize.inputs[2]]
     if add is not None:
-        bias = const_array(add.inputs[1]).astype(np.float64).reshape(-1)
+        bias = _bias_of(add, mul.outputs[0]).astype(np.float64).reshape(-1)
         inputs.append(add_constant(graph, f"{name}/bias_int32", np.round(bias / multiplier).astype(np.int32)))
     attributes = {k: v for k, v in node.attributes.items()} if is_conv else {}
     fused = ir.node("QLinearConv" if is_conv else "QLinearMatMul", inputs, attributes, name=name)
