@@ -109,7 +109,7 @@ def summarize(model: ir.Model) -> ModelSummary:
     return ModelSummary(dict(counts.most_common()), fqs, unquantized, precisions)
 
 
-_8_BIT = (ir.DataType.UINT8, ir.DataType.INT8, ir.DataType.INT32)
+_INTEGER_TENSORS = (ir.DataType.UINT8, ir.DataType.INT8, ir.DataType.INT32)  # quantized data and accumulators
 
 
 def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
@@ -136,8 +136,8 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
             continue  # not an op that runs: a value
         name = node.name or node.op_type
         # Constant inputs (zero points, shapes) do not make an op integer: its data inputs do.
-        integer_in = any(v is not None and v.dtype in _8_BIT and const_array(v) is None for v in node.inputs)
-        integer_out = any(v.dtype in _8_BIT for v in node.outputs)
+        integer_in = any(v is not None and v.dtype in _INTEGER_TENSORS and const_array(v) is None for v in node.inputs)
+        integer_out = any(v.dtype in _INTEGER_TENSORS for v in node.outputs)
         reason = ""
         if id(node) in dequantize:
             precision = "dequantize"
@@ -155,9 +155,6 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
 
 
 def _default_reason(node: ir.Node) -> str:
-    if is_fake_quantize(node):
-        return "FakeQuantize kept (see its reason)"
-    producers = [v.producer() for v in node.inputs if v is not None]
-    if node.op_type == "Add" and any(p is not None and p.op_type == "Mul" for p in producers):
-        return "bias or residual add in f32, fused into the producer's output stage"
-    return f"no int8 form for {node.op_type}" if node.op_type not in QUANTIZABLE_OPS else "inputs are not quantized"
+    if node.op_type in QUANTIZABLE_OPS:
+        return "inputs are not quantized"
+    return f"no int8 form for {node.op_type}"
