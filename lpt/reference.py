@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from lpt.graph.fake_quantize_op import DOMAIN, OPENVINO_DOMAIN, FakeQuantize
+from lpt.kernels.conv_transpose import conv_transpose_accumulate
 from lpt.numerics import fake_quantize_levels
 from lpt.numerics.levels import level_range
 
@@ -34,9 +35,18 @@ def _run_quantize(self, x, input_low, input_high, levels=None, to=None):
     return (q.astype(np.int8 if signed else np.uint8),)
 
 
+def _run_conv_transpose_integer(self, x, w, x_zero_point=None, w_zero_point=None, group=None, strides=None,
+                                dilations=None, pads=None, output_padding=None, kernel_shape=None, auto_pad=None):
+    acc = conv_transpose_accumulate(x, w, 0 if x_zero_point is None else int(x_zero_point),
+                                    0 if w_zero_point is None else w_zero_point, group or 1, strides, dilations, pads,
+                                    output_padding)
+    return (acc.astype(np.int32),)
+
+
 CUSTOM_OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
         for domain in (DOMAIN, OPENVINO_DOMAIN)]
 CUSTOM_OPS.append(type("Quantize", (OpRun,), {"op_domain": DOMAIN, "_run": _run_quantize}))
+CUSTOM_OPS.append(type("ConvTransposeInteger", (OpRun,), {"op_domain": DOMAIN, "_run": _run_conv_transpose_integer}))
 
 
 def run_reference(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -137,3 +137,28 @@ def test_a_bias_added_from_either_side_joins_the_output_stage():
     assert ("MatMulInteger", "Cast", "Mul", "Add", "QuantizeLinear") in [s.op_types for s in plan.steps]
     x = RNG.uniform(-2, 3, (3, 6)).astype(np.float32)
     np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_conv_transpose_runs_on_integers_and_exports_to_standard_onnx():
+    from lpt.crosscheck import quantized_tensor_agreement
+    from lpt.export.int8 import to_standard_int8
+    from tests.transformations.builders import Graph
+
+    def build():
+        g = Graph()
+        up = g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(100)), g.weight((3, 4, 3, 3), axis=1),
+                                    g.const(g.rng.normal(size=4).astype(np.float32))], strides=[2, 2], pads=[1, 1, 1, 1])
+        g.op("Relu", [g.fq(g.op("Relu", [up]), 0.05, np.uint8(0))], name="y")
+        return g.build({"x": [2, 3, 5, 5]}, ["y"])[1]
+
+    fq_model, int8 = build(), build()
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    chain = next(s for s in plan.steps if "ConvTransposeInteger" in s.op_types)
+    assert chain.backend == "int8 kernel" and chain.op_types[-1] == "QuantizeLinear"
+    x = RNG.uniform(-2, 3, (2, 3, 5, 5)).astype(np.float32)
+    agreement = quantized_tensor_agreement(int8, plan, fq_model, {"x": x}, local=True)
+    assert max(a.max_lsb for a in agreement) <= 1
+    exported, report = to_standard_int8(int8)
+    assert "ConvTranspose" in [n.op_type for n in exported.graph] and report.approximated
+    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], plan.run({"x": x})["y"], atol=0.05 + 1e-6)

@@ -1,6 +1,7 @@
 """The int8 chains the backend runs on lpt's kernels, each prepared once into a Step.
 
-    ConvInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)] [→ Relu|Clip|Sigmoid]* [→ QuantizeLinear|lpt::Quantize]
+    ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)] [→ Relu|Clip|Sigmoid]*
+        [→ QuantizeLinear|lpt::Quantize]
         one kernel call: weights packed and compensation precomputed here, then the oneDNN
         output stage (f32 dequantization, bias, post-ops, destination quantization);
     QuantizeLinear, lpt::Quantize                     quantize kernels (f32 → u8/i8);
@@ -61,7 +62,7 @@ def try_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     if node.domain not in ("", "ai.onnx", "lpt"):
         return None
     integer_input = node.inputs and node.inputs[0] is not None and node.inputs[0].dtype in _INTEGER
-    if node.op_type in ("ConvInteger", "MatMulInteger"):
+    if node.op_type in ("ConvInteger", "MatMulInteger", "ConvTransposeInteger"):
         return _accumulate_chain(node)
     if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
         return _quantize(node)
@@ -124,6 +125,14 @@ def _accumulate_chain(node: ir.Node):
         packed = kernels.pack_conv(weights, w_zp, int(x_zp), _attr(node, "group", 1), _attr(node, "strides"),
                                    _attr(node, "dilations"), _attr(node, "pads"))
         accumulate, runtime_inputs, axis = partial(kernels.conv_accumulate, packed=packed), [x], 1
+    elif node.op_type == "ConvTransposeInteger":
+        if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            return None
+        accumulate = partial(kernels.conv_transpose_accumulate, weights_q=weights, src_zero_point=int(x_zp),
+                             weight_zero_point=w_zp, groups=_attr(node, "group", 1), strides=_attr(node, "strides"),
+                             dilations=_attr(node, "dilations"), pads=_attr(node, "pads"),
+                             output_padding=_attr(node, "output_padding"))
+        runtime_inputs, axis = [x], 1
     elif weights is not None:
         packed = kernels.pack_matmul_weights(weights, w_zp, x_zp)
         accumulate, runtime_inputs, axis = partial(kernels.matmul_accumulate_packed, packed=packed), [x], -1

@@ -5,6 +5,7 @@
     MatMulInteger → Cast → Mul(m) [→ Relu] → QuantizeLinear(s_y, z_y)
         ⇒ QLinearMatMul(a_q, 1, z_a, b_q, m, z_b, s_y, z_y)
     lpt::Quantize(x, il, ih; levels)  ⇒  QuantizeLinear(x, (ih − il)/(levels − 1), qmin − il/scale) [→ Clip]
+    lpt::ConvTransposeInteger(x_q, w_q, z_x, z_w)  ⇒  ConvTranspose(DQ(x_q, 1, z_x), DQ(w_q, 1, z_w)), in f32
 
 Only the product of the input and weight scales matters to QLinear*, so the input scale is 1
 and the weight scale carries m. A Relu folds only where the output zero point is the type's
@@ -133,6 +134,25 @@ def _quantize_to_standard(node: ir.Node, report: ExportReport) -> None:
     report.approximated.append(f"{name}: FakeQuantize rounding written as QuantizeLinear")
 
 
+def _conv_transpose_to_float(node: ir.Node, report: ExportReport) -> None:
+    """ONNX has no integer ConvTranspose: the same integers, dequantized with scale 1, through the f32 op."""
+    graph, name = node.graph, node.name
+    one = add_constant(graph, f"{name}/one", np.float32(1.0))
+    dequantized = []
+    for index, role in ((0, "x"), (1, "w")):
+        zero_point = node.inputs[index + 2] if len(node.inputs) > index + 2 else None
+        inputs = [node.inputs[index], one] + ([zero_point] if zero_point is not None else [])
+        dq = ir.node("DequantizeLinear", inputs, {"axis": 1} if role == "w" else {}, name=f"{name}/dequantize_{role}")
+        dq.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        dequantized.append(dq)
+    conv = ir.node("ConvTranspose", [d.outputs[0] for d in dequantized], dict(node.attributes), name=name)
+    conv.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    graph.insert_after(node, dequantized + [conv])
+    replace_value(node.outputs[0], conv.outputs[0])  # the Cast to float after it becomes a no-op
+    graph.remove(node, safe=True)
+    report.approximated.append(f"{name}: integer ConvTranspose written as f32 ConvTranspose (exact while sums fit f32)")
+
+
 def to_standard_int8(model: ir.Model) -> tuple[ir.Model, ExportReport]:
     """A copy of the int8 graph in standard ONNX ops, and what changed numerically on the way."""
     model = to_portable(model)
@@ -142,6 +162,8 @@ def to_standard_int8(model: ir.Model) -> tuple[ir.Model, ExportReport]:
             continue
         if node.op_type == "Quantize" and node.domain == "lpt":
             _quantize_to_standard(node, report)
+        elif node.op_type == "ConvTransposeInteger" and node.domain == "lpt":
+            _conv_transpose_to_float(node, report)
     for node in list(model.graph):
         if node.graph is not None and node.op_type in ("ConvInteger", "MatMulInteger") and node.domain in ("", "ai.onnx"):
             _fuse(node, report)

@@ -169,3 +169,32 @@ def elementwise_reference(op: str, q1, scale1, zero_point1, q2, scale2, zero_poi
     x1 = dequantize_linear(q1, scale1, np.asarray(zero_point1, dtype=np.asarray(q1).dtype))
     x2 = dequantize_linear(q2, scale2, np.asarray(zero_point2, dtype=np.asarray(q2).dtype))
     return quantize_reference(x1 + x2 if op == "+" else x1 * x2, dst_scale, dst_zero_point, qmin, qmax)
+
+
+def conv_transpose_reference(src_q, weights_q, src_zero_point=0, weight_zero_point=0, groups=1, strides=None,
+                             dilations=None, pads=None, output_padding=None) -> np.ndarray:
+    """Every input pixel, every kernel tap, every output channel: add its product where it lands (int64)."""
+    src = np.asarray(src_q).astype(np.int64) - int(src_zero_point)
+    weights = np.asarray(weights_q).astype(np.int64)
+    batch, in_channels, height, width = src.shape
+    _, out_per_group, kh, kw = weights.shape
+    sh, sw = strides or (1, 1)
+    dh, dw = dilations or (1, 1)
+    top, left, bottom, right = pads or (0, 0, 0, 0)
+    oph, opw = output_padding or (0, 0)
+    zp = np.broadcast_to(np.asarray(weight_zero_point, dtype=np.int64).reshape(-1), (groups * out_per_group,))
+    full_h, full_w = sh * (height - 1) + dh * (kh - 1) + 1 + oph, sw * (width - 1) + dw * (kw - 1) + 1 + opw
+    out = np.zeros((batch, groups * out_per_group, full_h, full_w), dtype=np.int64)
+    per_group = in_channels // groups
+    for n in range(batch):
+        for ci in range(in_channels):
+            g = ci // per_group
+            for j in range(out_per_group):
+                oc = g * out_per_group + j
+                for y in range(height):
+                    for x in range(width):
+                        for a in range(kh):
+                            for b in range(kw):
+                                product = src[n, ci, y, x] * (weights[ci, j, a, b] - zp[oc])
+                                out[n, oc, y * sh + a * dh, x * sw + b * dw] += product
+    return out[:, :, top:full_h - bottom, left:full_w - right]

@@ -1,5 +1,8 @@
 """Conv(DQ(x_q), DQ(w_q), b) ⇒ Cast(ConvInteger(x_q, w_q, zp_x, zp_w)) · (s_x·s_w[oc]) + b.
 
+ConvTranspose the same way, into lpt::ConvTransposeInteger (ONNX has no integer
+ConvTranspose); its weights are [C_in, C_out/group, *kernel], so their output channel is axis 1.
+
 The activation's per-tensor dequantization moves after the op and multiplies into the
 per-output-channel weight scales; its zero point becomes ConvInteger's x_zero_point, which
 the backend turns into the precomputed compensation term (zp_x · Σ w_q) and the zero-point
@@ -18,6 +21,15 @@ from lpt.transformations.base import Check, LayerTransformation
 from lpt.transformations.dequantization import Dequantization, insert_dequantization
 
 _8_BIT = (ir.DataType.UINT8, ir.DataType.INT8)
+CONV_TRANSPOSE_INTEGER = "ConvTransposeInteger"  # lpt::ConvTransposeInteger: ConvInteger's inputs, ConvTranspose's attributes
+
+
+def _out_channels(node: ir.Node, weights: np.ndarray) -> tuple[int, int]:
+    """(output channels, the weight axis they lie along) of a Conv or ConvTranspose."""
+    if node.op_type == "ConvTranspose":
+        group = node.attributes["group"].as_int() if "group" in node.attributes else 1
+        return weights.shape[1] * group, 1
+    return weights.shape[0], 0
 
 
 def check_activation(dq: Dequantization | None) -> Check:
@@ -53,7 +65,11 @@ class ConvTransformation(LayerTransformation):
 
     def can_be_transformed(self, node: ir.Node) -> Check:
         if node.op_type == "ConvTranspose":
-            return Check.fail("lpt has no integer ConvTranspose yet (ONNX has none to export either): it runs in f32")
+            if "output_shape" in node.attributes:
+                return Check.fail("ConvTranspose with output_shape is not supported (give pads)")
+            auto_pad = node.attributes["auto_pad"].as_string() if "auto_pad" in node.attributes else "NOTSET"
+            if auto_pad != "NOTSET":
+                return Check.fail(f"ConvTranspose with auto_pad {auto_pad} is not supported (give pads)")
         activation = check_activation(Dequantization.of(node.inputs[0]))
         if not activation:
             return activation
@@ -62,9 +78,12 @@ class ConvTransformation(LayerTransformation):
             return Check.fail("weight is not a quantized constant")
         if weight.data.dtype not in _8_BIT or weight.zero_point is None:
             return Check.fail("weight is not 8-bit with an integer zero point")
-        out_channels = const_array(weight.data).shape[0]
-        if per_output_channel(weight.scale, out_channels, 0) is None or (
-                weight.shift is not None and per_output_channel(weight.shift, out_channels, 0) is None):
+        out_channels, axis = _out_channels(node, const_array(weight.data))
+        group = node.attributes["group"].as_int() if "group" in node.attributes else 1
+        if node.op_type == "ConvTranspose" and group > 1 and not weight.is_per_tensor:
+            return Check.fail("per-channel weights of a grouped ConvTranspose are not supported")
+        if per_output_channel(weight.scale, out_channels, axis) is None or (
+                weight.shift is not None and per_output_channel(weight.shift, out_channels, axis) is None):
             return Check.fail("weight scales are not per output channel")
         if len(node.inputs) > 2 and node.inputs[2] is not None and const_array(node.inputs[2]) is None:
             return Check.fail("bias is not a constant")
@@ -74,9 +93,9 @@ class ConvTransformation(LayerTransformation):
         graph, name = node.graph, node.name or "conv"
         x, w = Dequantization.of(node.inputs[0]), Dequantization.of(node.inputs[1])
         bias = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
-        out_channels = const_array(w.data).shape[0]
-        w_scale = per_output_channel(w.scale, out_channels, 0)
-        w_zp = per_output_channel(w.zero_point, out_channels, 0)
+        out_channels, axis = _out_channels(node, const_array(w.data))
+        w_scale = per_output_channel(w.scale, out_channels, axis)
+        w_zp = per_output_channel(w.zero_point, out_channels, axis)
         inputs = [x.data, w.data,
                   zero_point_input(graph, x.zero_point, x.data.dtype, f"{name}/x_zero_point"),
                   zero_point_input(graph, w_zp, w.data.dtype, f"{name}/w_zero_point")]
@@ -84,7 +103,10 @@ class ConvTransformation(LayerTransformation):
             inputs[2] = add_constant(graph, f"{name}/x_zero_point", np.zeros((), x.data.dtype.numpy()))
         while inputs[-1] is None:
             inputs.pop()
-        conv = ir.node("ConvInteger", inputs, dict(node.attributes), name=f"{name}/integer")
+        if node.op_type == "ConvTranspose":
+            conv = ir.node(CONV_TRANSPOSE_INTEGER, inputs, dict(node.attributes), domain="lpt", name=f"{name}/integer")
+        else:
+            conv = ir.node("ConvInteger", inputs, dict(node.attributes), name=f"{name}/integer")
         accumulator = conv.outputs[0]
         accumulator.type, accumulator.name = ir.TensorType(ir.DataType.INT32), f"{name}/accumulator"
         out = node.outputs[0]

@@ -71,9 +71,27 @@ def test_matmul_of_two_activations_as_in_attention():
     assert_same_outputs(before, after, feeds, atol=1e-5)
 
 
-def test_conv_transpose_says_why_it_stays_float():
+@pytest.mark.parametrize("zero_point", [np.uint8(128), np.int8(0)])
+def test_conv_transpose_becomes_an_integer_conv_transpose(zero_point):
+    def build():
+        g = Graph()
+        g.op("ConvTranspose", [g.fq("x", 0.02, zero_point), g.weight((2, 3, 3, 3), axis=1),
+                               g.const(g.rng.normal(size=3).astype(np.float32))], name="y",
+             strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+        return g.build({"x": [1, 2, 4, 4]}, ["y"])[1]
+
+    before, after = build(), build()
+    run_subset(after, ConvTransformation)
+    assert op_types(after) == ["QuantizeLinear", "ConvTransposeInteger", "Cast", "Mul", "Add"]
+    assert after.graph[2].inputs[0].dtype.name == "INT32"
+    x = RNG.uniform(-2, 2, (1, 2, 4, 4)).astype(np.float32)
+    assert_same_outputs(before, after, {"x": x}, atol=1e-5)
+
+
+def test_conv_transpose_with_output_shape_says_why_it_stays_float():
     g = Graph()
-    g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(128)), g.weight((2, 3, 3, 3))], name="y")
-    m = g.build({"x": [1, 2, 4, 4]}, ["y"])[1]
+    g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(128)), g.weight((2, 3, 3, 3), axis=1)], name="y",
+         output_shape=[5, 5])
+    m = g.build({"x": [1, 2, 3, 3]}, ["y"])[1]
     run_subset(m, ConvTransformation)
-    assert "no integer ConvTranspose" in reasons(m)["y"]
+    assert "output_shape" in reasons(m)["y"]
