@@ -143,10 +143,10 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
             precision = "dequantize"
         elif integer_out and not integer_in:
             precision = "quantize"
-        elif integer_in:
-            precision = "int8"
+        elif integer_in or (name in fused and node.op_type in ("AveragePool", "GlobalAveragePool")):
+            precision = "int8"  # the pools of a fused step sum the integers themselves
         elif name in fused:
-            precision, reason = "fused", "f32 output stage of an int8 kernel"
+            precision, reason = "fused", "f32 arithmetic inside an int8 kernel call (output stage, argument scaling)"
         else:
             precision = "f32"
             reason = recorded_reason(node) or _default_reason(node)
