@@ -57,13 +57,16 @@ def _step(run, inputs, nodes, outputs=None) -> tuple[Step, list[ir.Node]]:
                  tuple(n.name for n in nodes), tuple(n.op_type for n in nodes), "int8 kernel"), nodes)
 
 
-def try_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
-    """A kernel step starting at `node` and the nodes it covers, or None (the node falls back)."""
+def try_int8_step(node: ir.Node, threads: int = 0) -> tuple[Step, list[ir.Node]] | None:
+    """A kernel step starting at `node` and the nodes it covers, or None (the node falls back).
+
+    `threads` is for the integer GEMM (0: one per core).
+    """
     if node.domain not in ("", "ai.onnx", "lpt"):
         return None
     integer_input = node.inputs and node.inputs[0] is not None and node.inputs[0].dtype in _INTEGER
     if node.op_type in ("ConvInteger", "MatMulInteger", "ConvTransposeInteger"):
-        return _accumulate_chain(node)
+        return _accumulate_chain(node, threads)
     if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
         return _quantize(node)
     if node.op_type == "Cast" and node.inputs[0].dtype in _INTEGER + (ir.DataType.INT32,):
@@ -90,7 +93,7 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     if relu is not None:
         nodes.append(relu)
         last = relu
-    destination = _destination(last.outputs[0])
+    destination = _destination(last.outputs[0], in_place=True)
     if destination is None:
         return None
     nodes.append(destination[0])
@@ -98,22 +101,26 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     axis = _attr(node, "axis", 0)
 
     def run(*integers):
-        parts = []
+        parts = []  # each an f32 copy of its branch, then worked on in place
         for q, (scale, shift) in zip(integers, parameters):
             x = q.astype(np.float32)
-            parts.append((x - shift if shift is not None else x) * scale)
+            if shift is not None:
+                x = np.subtract(x, shift, out=x if x.shape == np.broadcast_shapes(x.shape, shift.shape) else None)
+            parts.append(np.multiply(x, scale, out=x if x.shape == np.broadcast_shapes(x.shape, scale.shape) else None))
         if node.op_type == "Concat":
             x = np.concatenate(parts, axis=axis)
         else:
-            x = parts[0] + parts[1] if node.op_type == "Add" else parts[0] * parts[1]
+            first, second = parts
+            combine = np.add if node.op_type == "Add" else np.multiply
+            x = combine(first, second, out=first if first.shape == np.broadcast_shapes(first.shape, second.shape) else None)
         if relu is not None:
-            x = np.maximum(x, np.float32(0))
+            np.maximum(x, np.float32(0), out=x)
         return [destination[1](x)]
 
     return _step(run, [dq.data for dq in branches], nodes)
 
 
-def _accumulate_chain(node: ir.Node):
+def _accumulate_chain(node: ir.Node, threads: int):
     x, w = node.inputs[0], node.inputs[1]
     x_zp, w_zp = _optional_constant(node, 2), _optional_constant(node, 3)
     if x_zp is None or w_zp is None or x.dtype not in _INTEGER or w.dtype not in _INTEGER:
@@ -123,7 +130,7 @@ def _accumulate_chain(node: ir.Node):
         if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
             return None
         packed = kernels.pack_conv(weights, w_zp, int(x_zp), _attr(node, "group", 1), _attr(node, "strides"),
-                                   _attr(node, "dilations"), _attr(node, "pads"))
+                                   _attr(node, "dilations"), _attr(node, "pads"), threads)
         accumulate, runtime_inputs, axis = partial(kernels.conv_accumulate, packed=packed), [x], 1
     elif node.op_type == "ConvTransposeInteger":
         if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
@@ -134,7 +141,7 @@ def _accumulate_chain(node: ir.Node):
                              output_padding=_attr(node, "output_padding"))
         runtime_inputs, axis = [x], 1
     elif weights is not None:
-        packed = kernels.pack_matmul_weights(weights, w_zp, x_zp)
+        packed = kernels.pack_matmul_weights(weights, w_zp, x_zp, threads=threads)
         accumulate, runtime_inputs, axis = partial(kernels.matmul_accumulate_packed, packed=packed), [x], -1
     else:
         def accumulate(a, b):
@@ -163,7 +170,7 @@ def _accumulate_chain(node: ir.Node):
         post_ops.append(post_op)
         nodes.append(op)
         last = op
-    quantize = _destination(last.outputs[0])
+    quantize = _destination(last.outputs[0], in_place=True)
     if quantize is not None:
         nodes.append(quantize[0])
 
@@ -212,17 +219,23 @@ def _optional_bound(node: ir.Node, index: int, default: float) -> np.ndarray | N
     return const_array(node.inputs[index])
 
 
-def _destination(value: ir.Value):
-    """(node, f32 → int function) when `value` is quantized next by QuantizeLinear or lpt::Quantize."""
+def _destination(value: ir.Value, in_place: bool = False):
+    """(node, f32 → int function) when `value` is quantized next by QuantizeLinear or lpt::Quantize.
+
+    With `in_place`, the function may overwrite its argument: for steps that own their f32 tensor.
+    """
     node = _only_consumer(value, ("QuantizeLinear",)) or _only_consumer(value, ("Quantize",), domain="lpt")
     if node is None:
         return None
-    function = quantize_function(node)
+    function = quantize_function(node, in_place)
     return (node, function) if function is not None else None
 
 
-def quantize_function(node: ir.Node):
-    """The f32 → integer function of a QuantizeLinear or lpt::Quantize node with constant parameters, or None."""
+def quantize_function(node: ir.Node, in_place: bool = False):
+    """The f32 → integer function of a QuantizeLinear or lpt::Quantize node with constant parameters, or None.
+
+    With `in_place`, a QuantizeLinear's function overwrites its f32 argument (see kernels.quantize).
+    """
     if node.domain == "lpt":
         il, ih = const_array(node.inputs[1]), const_array(node.inputs[2])
         if il is None or ih is None:
@@ -238,7 +251,7 @@ def quantize_function(node: ir.Node):
     info = np.iinfo(zero_point.dtype)
     axis = _attr(node, "axis", 1) if scale.size > 1 else None
     return partial(kernels.quantize, scale=scale, zero_point=zero_point, qmin=int(info.min), qmax=int(info.max),
-                   axis=axis)
+                   axis=axis, in_place=in_place)
 
 
 def _quantize_fq_kernel(x, affine, qmin, qmax):
@@ -266,7 +279,7 @@ def _dequantize(node: ir.Node):
     pool = _only_consumer(multiply.outputs[0], _POOLS)
     if pool is not None and (fused := _average_pool(node, nodes + [pool], scale, shift)) is not None:
         return fused
-    destination = _destination(multiply.outputs[0])
+    destination = _destination(multiply.outputs[0], in_place=True)  # x below is the step's own
 
     def run(q):
         x = q.astype(np.float32)

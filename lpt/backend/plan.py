@@ -83,8 +83,10 @@ def _typed(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def compile_model(model: ir.Model, threads: int = 1) -> Plan:
+def compile_model(model: ir.Model, threads: int = 0) -> Plan:
     """Resolve every node of `model` to a step; fuse the int8 chains lpt has kernels for.
+
+    `threads` is the thread count of the integer GEMM and of the onnxruntime fallback (0: one per core).
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
     over both branches; then every other node in order. A fused step runs where its last node
@@ -115,7 +117,7 @@ def compile_model(model: ir.Model, threads: int = 1) -> Plan:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = try_int8_step(node) or try_onnx_int8_step(node)
+        fused = try_int8_step(node, threads) or try_onnx_int8_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             place(*fused)
             continue

@@ -7,8 +7,13 @@ terms into the product with the raw source, and the last two into the compensati
 comp[oc] = Σ W'[oc] (= Σ q_wei when zw = 0), so acc = conv(a, W') − za·comp. The product sees
 raw q_src, and the padding is filled with za, where it contributes (za − za)·W' = 0.
 
-The product runs through f32 BLAS (lpt.kernels.gemm: chunks of the reduction K exact by
-construction) on an im2col matrix built with one strided copy per kernel tap; a depthwise
+The product runs, where it can, on MLAS's integer GEMM (lpt.kernels.int8_gemm: one group,
+W' within int8, MLAS free of saturation): im2col gathers the source channels-last into
+[N·P, taps·C] rows in one strided copy, and the int32 result [N·P, OC] comes back as an
+[N, OC, *out] view of that channels-last memory, which every later elementwise step keeps
+(numpy preserves the layout), so the next convolution's gather reads it without a transpose.
+Otherwise the product runs through f32 BLAS (lpt.kernels.gemm: chunks of the reduction K exact
+by construction) on an im2col matrix built with one strided copy per kernel tap; a depthwise
 convolution (one input channel per group) skips im2col and accumulates tap by tap in f32, exact
 while taps·max|a|·max|W'| ≤ 2^24.
 """
@@ -21,6 +26,7 @@ import numpy as np
 
 from lpt.kernels import gemm
 from lpt.kernels.gemm import accumulator_dtype, deviation_bound, exact_chunk, integer_range, magnitude_bound
+from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, mlas_is_exact
 from lpt.kernels.window import Window
 
 
@@ -37,6 +43,7 @@ class PackedConv:
     chunks: dict  # max|q_src| (128 or 255) → slices of K whose f32 partial sums are all exact
     groups: int
     window: Window
+    int8_gemm: ConstantInt8Gemm | None  # W' as int8 [(taps, IC), OC] on MLAS, where exact
 
     @property
     def out_channels(self) -> int:
@@ -48,11 +55,13 @@ class PackedConv:
 
 
 def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: int = 1,
-              strides=None, dilations=None, pads=None) -> PackedConv:
+              strides=None, dilations=None, pads=None, threads: int = 0, int8_gemm: bool = True) -> PackedConv:
     """W' = q_wei − zp_wei, comp[oc] = Σ W'[oc], offset = −zp_src·comp, for weights [OC, IC/groups, *kernel].
 
     weight_zero_point is one value or one per output channel; weights are int8 or uint8 (any integers
     with |q_wei − zp_wei| ≤ 2^24 work). strides, dilations, pads as ONNX's Conv (pads [x1_begin, …, x1_end, …]).
+    With `int8_gemm` (and where it is exact) the product runs on MLAS with `threads` threads
+    (0: one per core); without, on f32 BLAS.
     """
     weights = np.asarray(weights_q)
     if weights.ndim < 3 or weights.shape[0] % groups:
@@ -65,6 +74,9 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
     compensation = centred.sum(axis=1)
     magnitudes = np.abs(centred)
     offset = -int(src_zero_point) * compensation
+    mlas = (int8_gemm and groups == 1 and centred.shape[1] <= MAX_REDUCTION
+            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127 and mlas_is_exact())
+    channels_last = np.moveaxis(centred.reshape(weights.shape), 1, -1).reshape(out_channels, -1)
     return PackedConv(
         weights=centred.astype(np.float32).reshape(groups, out_channels // groups, -1),
         compensation=compensation,
@@ -75,6 +87,7 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         chunks={bound: exact_chunks(magnitudes, gemm.F32_EXACT_INTEGERS // bound) for bound in (128, 255)},
         groups=groups,
         window=Window.of(kernel, strides, dilations, pads),
+        int8_gemm=ConstantInt8Gemm(channels_last.T.astype(np.int8), threads) if mlas else None,
     )
 
 
@@ -108,7 +121,7 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     below their maximum on average, allow slices in the thousands where the worst case
     max|q|·max|W'|·K would cut at 514. With `exact_float`, when the whole result fits 2^24, the
     accumulators come back as float32 holding the same integers: an f32 output stage reads them
-    without two conversions.
+    without two conversions. On MLAS (packed.int8_gemm) they are int32, laid out channels-last.
     """
     src_q = np.asarray(src_q)
     qmin, qmax = integer_range(src_q.dtype)
@@ -119,6 +132,8 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     window, groups = packed.window, packed.groups
     out_shape = window.output_shape(src_q.shape[2:])
     padded = window.padded(src_q, packed.src_zero_point)
+    if packed.int8_gemm is not None:
+        return _accumulate_channels_last(src_q, packed, out_shape)
     reduction = packed.weights.shape[2]
     src_bound = magnitude_bound(src_q.dtype)
     bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
@@ -137,6 +152,24 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
             raw += np.matmul(packed.weights[..., chunk], cols[..., chunk, :]).astype(np.int64)
     acc = raw.reshape((src_q.shape[0], packed.out_channels) + out_shape) + packed.offset
     return acc.astype(accumulator_dtype(bound))
+
+
+def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, out_shape) -> np.ndarray:
+    """MLAS's Σ (q_src − zp_src)·W' over channels-last im2col rows: int32 [N, OC, *out], a view of [N, *out, OC]."""
+    window, zero_point = packed.window, packed.src_zero_point
+    source = window.padded(np.moveaxis(src_q, 1, -1), zero_point, channels_last=True)  # [N, *spatial, C]
+    if source.dtype == np.int8:  # MLAS multiplies u8 by s8: q + 128 and zp + 128 leave q − zp as it was
+        source = source.view(np.uint8) ^ np.uint8(128)
+        zero_point += 128
+    spatial_strides = source.strides[1:-1]
+    taps = np.lib.stride_tricks.as_strided(
+        source, shape=(source.shape[0],) + tuple(out_shape) + window.kernel + (source.shape[-1],),
+        strides=(source.strides[0],) + tuple(st * s for st, s in zip(spatial_strides, window.strides))
+        + tuple(st * d for st, d in zip(spatial_strides, window.dilations)) + (source.strides[-1],),
+        writeable=False)
+    rows = np.ascontiguousarray(taps).reshape(-1, packed.int8_gemm.reduction)  # [N·P, (taps, C)]
+    acc = packed.int8_gemm(rows, zero_point)
+    return np.moveaxis(acc.reshape((src_q.shape[0],) + tuple(out_shape) + (packed.out_channels,)), -1, 1)
 
 
 def _im2col(padded, window: Window, out_shape, groups: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Two forms, both feeding raw integers to f32 BLAS (lpt.kernels.gemm):
 - a constant right-hand side is packed once as B' = b − zb with its column sums Σ_k B' and
-  acc = a @ B' − za·Σ_k B' (the OpenVINO RFC's compensation; padding does not arise);
+  acc = a @ B' − za·Σ_k B' (the OpenVINO RFC's compensation; padding does not arise); a 2-D B'
+  within int8 with one za runs on MLAS's integer GEMM instead (lpt.kernels.int8_gemm), where exact;
 - two activations (attention's Q·Kᵀ, ONNX MatMulInteger) use the four terms
   acc = a @ b − za·Σ_k b − zb·Σ_k a + K·za·zb.
 Zero points: za is one value, one per row of a ([M], as ONNX MatMulInteger allows) or an array
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpt.kernels.gemm import accumulator_dtype, deviation_bound, integer_matmul, magnitude_bound
+from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, mlas_is_exact
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: ndarray fields have no boolean ==
@@ -27,10 +29,15 @@ class PackedMatMul:
     offset: np.ndarray  # int64, broadcastable to [..., M, N]
     a_zero_point: np.ndarray  # int64, broadcastable to [..., M, 1]
     weight_bound: int  # max |B'|, 1 for all-zero weights
+    int8_gemm: ConstantInt8Gemm | None  # B' as int8 [K, N] on MLAS, where exact
 
 
-def pack_matmul_weights(b_q, b_zero_point=0, a_zero_point=0, trans_b: bool = False) -> PackedMatMul:
-    """B' = q_b − zp_b (q_b transposed first if trans_b), offset = −zp_a·Σ_k B', for a constant b [..., K, N]."""
+def pack_matmul_weights(b_q, b_zero_point=0, a_zero_point=0, trans_b: bool = False, threads: int = 0,
+                        int8_gemm: bool = True) -> PackedMatMul:
+    """B' = q_b − zp_b (q_b transposed first if trans_b), offset = −zp_a·Σ_k B', for a constant b [..., K, N].
+
+    With `int8_gemm` (and where it is exact) the product runs on MLAS with `threads` threads (0: one per core).
+    """
     b = np.asarray(b_q)
     if b.ndim < 2:
         raise ValueError(f"the right-hand side must have rank ≥ 2, got shape {b.shape}")
@@ -38,17 +45,25 @@ def pack_matmul_weights(b_q, b_zero_point=0, a_zero_point=0, trans_b: bool = Fal
         b = np.swapaxes(b, -1, -2)
     centred = b.astype(np.int64) - _column_zero_point(b_zero_point)
     a_zero_point = _row_zero_point(a_zero_point)
+    mlas = (int8_gemm and centred.ndim == 2 and a_zero_point.ndim == 0 and centred.shape[0] <= MAX_REDUCTION
+            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127 and mlas_is_exact())
     return PackedMatMul(
         weights=centred.astype(np.float32),
         offset=-a_zero_point * centred.sum(axis=-2, keepdims=True),
         a_zero_point=a_zero_point,
         weight_bound=max(1, int(np.abs(centred).max(initial=0))),
+        int8_gemm=ConstantInt8Gemm(centred.astype(np.int8), threads) if mlas else None,
     )
 
 
 def matmul_accumulate_packed(a_q, packed: PackedMatMul, trans_a: bool = False) -> np.ndarray:
     """acc = Σ_k (q_a − zp_a)·B'[k]: int32 [..., M, N], int64 when K·max|a − za|·max|B'| may pass 2^31 − 1."""
     a = _operand(a_q, trans_a)
+    if packed.int8_gemm is not None:
+        rows, zero_point = np.ascontiguousarray(a).reshape(-1, a.shape[-1]), int(packed.a_zero_point)
+        if rows.dtype == np.int8:  # MLAS multiplies u8 by s8: q + 128 and za + 128 leave q − za as it was
+            rows, zero_point = rows.view(np.uint8) ^ np.uint8(128), zero_point + 128
+        return packed.int8_gemm(rows, zero_point).reshape(a.shape[:-1] + (packed.int8_gemm.columns,))
     raw = integer_matmul(a.astype(np.float32), packed.weights, magnitude_bound(a.dtype), packed.weight_bound)
     bound = a.shape[-1] * deviation_bound(a.dtype, packed.a_zero_point) * packed.weight_bound
     return (raw + packed.offset).astype(accumulator_dtype(bound))

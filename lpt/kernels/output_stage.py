@@ -7,6 +7,8 @@ output_stage, in f32 and in this order (the reference twin performs the same ope
     3. x = post_op(x)               for each post-op in turn;
     4. q = saturate(rint(x / s_dst) + zp_dst)   quantize (one f32 division), or x itself for an f32 destination.
 Per-channel values lie along `axis` (1 for convolution's [N, C, …], −1 for MatMul's [..., N]).
+Every step after the conversion works in place on the f32 copy of acc, which the stage owns (a
+post-op's `apply` may overwrite its argument): fewer passes over memory, same operations.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Relu:
     """x = max(x, 0)."""
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(x, np.float32(0))
+        return np.maximum(x, np.float32(0), out=x)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Clip:
     high: float
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        return np.minimum(np.maximum(x, np.float32(self.low)), np.float32(self.high))
+        return np.minimum(np.maximum(x, np.float32(self.low), out=x), np.float32(self.high), out=x)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ class Sigmoid:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # exp(−x) = inf for x < −88.7: the result is 0, as it should be
-            return np.float32(1) / (np.float32(1) + np.exp(-x))
+            np.exp(np.negative(x, out=x), out=x)
+            return np.divide(np.float32(1), np.add(np.float32(1), x, out=x), out=x)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: an ndarray field has no boolean ==
@@ -54,7 +57,7 @@ class Sum:
     other: np.ndarray
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        return x + np.asarray(self.other, dtype=np.float32)
+        return np.add(x, np.asarray(self.other, dtype=np.float32), out=x)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +99,7 @@ def output_stage(acc, multiplier, bias=None, post_ops: tuple[PostOp, ...] = (), 
         x = op.apply(x)
     if dst_scale is None:
         return x
-    return quantize(x, dst_scale, dst_zero_point, qmin, qmax)
+    return quantize(x, dst_scale, dst_zero_point, qmin, qmax, in_place=True)
 
 
 def qlinear_multiplier(x_scale, w_scale, y_scale) -> np.ndarray:

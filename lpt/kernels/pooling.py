@@ -26,7 +26,7 @@ def max_pool_q(q, kernel_shape, strides=None, pads=None, dilations=None) -> np.n
     out_shape = window.output_shape(q.shape[2:])
     padded = window.padded(q, np.iinfo(q.dtype).min)
     taps = window.tap_slices(out_shape)
-    out = padded[next(taps)].copy()
+    out = padded[next(taps)].copy(order="K")  # keep the layout (channels-last stays so)
     for index in taps:
         np.maximum(out, padded[index], out=out)
     return out

@@ -46,30 +46,38 @@ def broadcast_along(value, ndim: int, axis: int | None) -> np.ndarray:
     return value.reshape(shape)
 
 
-def round_to_range(y: np.ndarray, zero_point, qmin: int, qmax: int) -> np.ndarray:
+def round_to_range(y: np.ndarray, zero_point, qmin: int, qmax: int, in_place: bool = False) -> np.ndarray:
     """saturate(rint(y) + zero_point) for f32 y, as the narrowest integer type holding [qmin, qmax].
 
     The clamped, rounded value and the zero point are integers below 2^17, so adding them in f32
-    is exact: the same integers as an int32 addition, one pass fewer.
+    is exact: the same integers as an int32 addition, one pass fewer (none for a zero point of 0).
+    With `in_place`, y (an f32 array the caller owns) is the scratch space.
     """
     zp = np.asarray(zero_point, dtype=np.int32)
     low, high = (qmin - zp).astype(np.float32), (qmax - zp).astype(np.float32)
-    rounded = np.asarray(np.fmin(np.fmax(y, low), high))  # an array even for a scalar y, to round in place
+    y = np.asarray(y)
+    scratch = in_place and y.dtype == np.float32 and y.shape == np.broadcast_shapes(y.shape, low.shape)
+    rounded = np.asarray(np.fmax(y, low, out=y if scratch else None))  # an array even for a scalar y
+    np.fmin(rounded, high, out=rounded)
     np.rint(rounded, out=rounded)
-    np.add(rounded, zp.astype(np.float32), out=rounded)
+    if np.any(zp):
+        np.add(rounded, zp.astype(np.float32), out=rounded)
     return rounded.astype(integer_container(qmin, qmax))
 
 
-def quantize(x, scale, zero_point, qmin: int, qmax: int, axis: int | None = None) -> np.ndarray:
+def quantize(x, scale, zero_point, qmin: int, qmax: int, axis: int | None = None,
+             in_place: bool = False) -> np.ndarray:
     """q = saturate(rint(x / scale) + zero_point) in f32: ONNX QuantizeLinear with an explicit [qmin, qmax].
 
     The same integers as lpt.numerics.quantize_linear, clamped to [qmin, qmax] (a narrow range such
     as [−127, 127] for levels 255). scale and zero_point are per tensor or 1-D along `axis`.
+    With `in_place`, an f32 x the caller owns is overwritten instead of copied.
     """
     x = np.asarray(x, dtype=np.float32)
     scale = broadcast_along(np.asarray(scale, dtype=np.float32), x.ndim, axis)
     zero_point = broadcast_along(np.asarray(zero_point, dtype=np.int32), x.ndim, axis)
-    return round_to_range(x / scale, zero_point, qmin, qmax)
+    scratch = in_place and x.shape == np.broadcast_shapes(x.shape, scale.shape)
+    return round_to_range(np.divide(x, scale, out=x if scratch else None), zero_point, qmin, qmax, in_place=True)
 
 
 def dequantize(q, scale, zero_point=0, axis: int | None = None) -> np.ndarray:
@@ -93,7 +101,7 @@ def requantize(q, zero_point, scale, out_scale, out_zero_point, qmin: int, qmax:
     zero_point = broadcast_along(np.asarray(zero_point, dtype=np.int32), q.ndim, axis)
     out_zero_point = broadcast_along(np.asarray(out_zero_point, dtype=np.int32), q.ndim, axis)
     difference = (q.astype(np.int32) - zero_point).astype(np.float32)
-    return round_to_range(multiplier * difference, out_zero_point, qmin, qmax)
+    return round_to_range(multiplier * difference, out_zero_point, qmin, qmax, in_place=True)
 
 
 def fq_input_affine(input_low, input_high, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -114,7 +122,7 @@ def quantize_fq(x, crop_low, crop_high, input_scale, input_shift, qmin: int, qma
     crop_low, crop_high, input_scale, input_shift = (
         np.asarray(v, dtype=np.float32) for v in (crop_low, crop_high, input_scale, input_shift))
     cropped = np.fmin(np.fmax(x, crop_low), crop_high)
-    return round_to_range(cropped * input_scale + input_shift, qmin, qmin, qmax)
+    return round_to_range(cropped * input_scale + input_shift, qmin, qmin, qmax, in_place=True)
 
 
 def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:

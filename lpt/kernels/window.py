@@ -48,13 +48,27 @@ class Window:
             raise ValueError(f"the window {self} does not fit the spatial shape {tuple(spatial)}")
         return shape
 
-    def padded(self, x: np.ndarray, value) -> np.ndarray:
-        """x [N, C, *spatial] with each spatial axis padded by `value` as `pads` says."""
+    def padded(self, x: np.ndarray, value, channels_last: bool = False) -> np.ndarray:
+        """x [N, C, *spatial] with each spatial axis padded by `value` as `pads` says.
+
+        The copy keeps x's memory layout (a channels-last x stays channels-last), so later steps
+        read it in the order it was written. With `channels_last`, x is [N, *spatial, C] and the
+        copy is C-contiguous.
+        """
         rank = len(self.kernel)
         if not any(self.pads):
             return x
-        widths = [(0, 0)] * (x.ndim - rank) + list(zip(self.pads[:rank], self.pads[rank:]))
-        return np.pad(x, widths, constant_values=value)
+        first = x.ndim - rank - channels_last
+        interior = [slice(None)] * x.ndim
+        shape = list(x.shape)
+        for i in range(rank):
+            begin, end = self.pads[i], self.pads[rank + i]
+            interior[first + i] = slice(begin, begin + shape[first + i])
+            shape[first + i] += begin + end
+        out = np.empty(shape, x.dtype) if channels_last else _empty_in_layout_of(x, shape)
+        out.fill(value)
+        out[tuple(interior)] = x
+        return out
 
     def tap_slices(self, out_shape: Sequence[int]) -> Iterator[tuple]:
         """For each kernel position (in C order), the index of the padded input it meets at every output position."""
@@ -62,3 +76,9 @@ class Window:
             yield (Ellipsis,) + tuple(
                 slice(o * d, o * d + s * (n - 1) + 1, s)
                 for o, d, s, n in zip(offsets, self.dilations, self.strides, out_shape))
+
+
+def _empty_in_layout_of(x: np.ndarray, shape) -> np.ndarray:
+    """An uninitialized array of `shape` whose axes are laid out in memory in the order of x's."""
+    order = sorted(range(x.ndim), key=lambda axis: -x.strides[axis])  # outermost axis first
+    return np.empty([shape[axis] for axis in order], x.dtype).transpose(np.argsort(order))

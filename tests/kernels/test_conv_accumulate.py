@@ -39,11 +39,15 @@ def conv_case(draw):
     return src, weights, src_zp, weight_zp, dict(groups=groups, strides=strides, dilations=dilations, pads=pads)
 
 
-@given(conv_case())
+ROUTES = pytest.mark.parametrize("int8_gemm", [True, False], ids=["mlas", "f32-blas"])
+
+
+@ROUTES
+@given(case=conv_case())
 @settings(max_examples=60, deadline=None)
-def test_matches_the_int64_twin(case):
+def test_matches_the_int64_twin(case, int8_gemm):
     src, weights, src_zp, weight_zp, attributes = case
-    packed = pack_conv(weights, weight_zp, src_zp, **attributes)
+    packed = pack_conv(weights, weight_zp, src_zp, int8_gemm=int8_gemm, **attributes)
     acc = conv_accumulate(src, packed)
     assert acc.dtype == np.int32
     expected = conv_reference(src, weights, src_zp, weight_zp, **attributes)
@@ -60,14 +64,15 @@ def test_exact_float_falls_back_to_integers_past_two_to_the_24():
     assert acc.dtype == np.int32 and acc[0, 0, 1, 1] == 1152 * 255 * -128
 
 
+@ROUTES
 @pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
 @pytest.mark.parametrize("src_value, weight_value", [(255, -128), (255, 127), (0, -128)])
-def test_extremes_that_saturate_int16_pair_sums_are_exact(src_value, weight_value, depthwise):
+def test_extremes_that_saturate_int16_pair_sums_are_exact(src_value, weight_value, depthwise, int8_gemm):
     """u8 255 · s8 −128 over K = 64·3·3 = 576 (or 7·7 taps): AVX2's vpmaddubsw would clamp each pair to −32768."""
     channels, kernel = (3, 7) if depthwise else (64, 3)
     src = np.full((1, channels, 9, 9), src_value, dtype=np.uint8)
     weights = np.full((channels, 1 if depthwise else channels, kernel, kernel), weight_value, dtype=np.int8)
-    acc = conv_accumulate(src, pack_conv(weights, groups=channels if depthwise else 1))
+    acc = conv_accumulate(src, pack_conv(weights, groups=channels if depthwise else 1, int8_gemm=int8_gemm))
     taps = kernel * kernel * (1 if depthwise else channels)
     assert np.all(acc == taps * src_value * weight_value)
 
@@ -78,14 +83,41 @@ def test_zero_point_padding_contributes_nothing():
     assert acc.shape == (1, 1, 5, 5) and not acc.any()
 
 
-def test_one_pack_serves_many_runs_and_batches():
+@ROUTES
+def test_one_pack_serves_many_runs_and_batches(int8_gemm):
     rng = np.random.default_rng(1)
     weights = rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
-    packed = pack_conv(weights, 0, 7, strides=[2, 2], pads=[1, 1, 1, 1])
+    packed = pack_conv(weights, 0, 7, strides=[2, 2], pads=[1, 1, 1, 1], int8_gemm=int8_gemm)
     for batch in (1, 3):
         src = rng.integers(0, 256, (batch, 3, 8, 8)).astype(np.uint8)
         np.testing.assert_array_equal(conv_accumulate(src, packed),
                                       conv_reference(src, weights, 7, 0, 1, [2, 2], None, [1, 1, 1, 1]))
+
+
+@pytest.mark.parametrize("layout", ["channels-first", "channels-last"])
+def test_any_memory_layout_gives_the_same_integers(layout):
+    """The MLAS route reads its source channels-last and leaves its result so; neither changes a value."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 256, (2, 9, 9, 5)).astype(np.uint8).transpose(0, 3, 1, 2)  # channels-last memory
+    if layout == "channels-first":
+        src = np.ascontiguousarray(src)
+    weights = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
+    packed = pack_conv(weights, 0, 3, pads=[1, 0, 2, 1])
+    acc = conv_accumulate(src, packed)
+    np.testing.assert_array_equal(acc, conv_reference(src, weights, 3, 0, 1, None, None, [1, 0, 2, 1]))
+    assert acc.strides[1] == acc.itemsize  # channels innermost: what the next convolution reads best
+
+
+def test_the_mlas_route_is_taken_only_where_it_is_exact(monkeypatch):
+    from lpt.kernels import conv as conv_module
+
+    weights = np.ones((4, 2, 3, 3), np.int8)
+    assert pack_conv(weights).int8_gemm is not None or not conv_module.mlas_is_exact()
+    assert pack_conv(weights, groups=2).int8_gemm is None  # one GEMM per group: the f32 route
+    assert pack_conv(np.full((4, 2, 3, 3), 200, np.uint8)).int8_gemm is None  # W' = 200: beyond int8
+    assert pack_conv(weights, int8_gemm=False).int8_gemm is None
+    monkeypatch.setattr(conv_module, "mlas_is_exact", lambda: False)
+    assert pack_conv(weights).int8_gemm is None
 
 
 def halved(q: np.ndarray, zero_point: int) -> tuple[np.ndarray, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,14 +40,15 @@ def test_two_activations_match_the_int64_twin(case):
     np.testing.assert_array_equal(acc, matmul_reference(a, a_zp, b, b_zp))
 
 
-@given(matmul_case(), st.booleans(), st.booleans())
+@pytest.mark.parametrize("int8_gemm", [True, False], ids=["mlas", "f32-blas"])
+@given(case=matmul_case(), trans_a=st.booleans(), trans_b=st.booleans())
 @settings(max_examples=50, deadline=None)
-def test_packed_weights_match_the_int64_twin(case, trans_a, trans_b):
+def test_packed_weights_match_the_int64_twin(case, trans_a, trans_b, int8_gemm):
     """Also Gemm's transA/transB: the operands are stored transposed and the kernel told so."""
     a, a_zp, b, b_zp = case
     stored_a = np.swapaxes(a, -1, -2) if trans_a else a
     stored_b = np.swapaxes(b, -1, -2) if trans_b else b
-    packed = pack_matmul_weights(stored_b, b_zp, a_zp, trans_b=trans_b)
+    packed = pack_matmul_weights(stored_b, b_zp, a_zp, trans_b=trans_b, int8_gemm=int8_gemm)
     np.testing.assert_array_equal(matmul_accumulate_packed(stored_a, packed, trans_a=trans_a),
                                   matmul_reference(a, a_zp, b, b_zp))
     np.testing.assert_array_equal(matmul_accumulate(stored_a, a_zp, stored_b, b_zp, trans_a, trans_b),
@@ -59,6 +61,7 @@ def test_extremes_are_exact_over_a_long_reduction():
     b = np.full((4096, 3), -128, dtype=np.int8)
     assert np.all(matmul_accumulate(a, 0, b, 0) == 4096 * 255 * -128)
     assert np.all(matmul_accumulate_packed(a, pack_matmul_weights(b)) == 4096 * 255 * -128)
+    assert np.all(matmul_accumulate_packed(a, pack_matmul_weights(b, int8_gemm=False)) == 4096 * 255 * -128)
     assert np.all(matmul_accumulate(a, 255, b, 127) == 4096 * 0 * -255)
 
 
