@@ -100,22 +100,17 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     parameters = [(dq.scale, dq.shift) for dq in branches]
     axis = _attr(node, "axis", 0)
 
+    fused = _per_tensor_quantize_linear(destination[0])  # the quantize inside join_q, in one pass where it can
+
     def run(*integers):
-        parts = []  # each an f32 copy of its branch, then worked on in place
-        for q, (scale, shift) in zip(integers, parameters):
-            x = q.astype(np.float32)
-            if shift is not None:
-                x = np.subtract(x, shift, out=x if x.shape == np.broadcast_shapes(x.shape, shift.shape) else None)
-            parts.append(np.multiply(x, scale, out=x if x.shape == np.broadcast_shapes(x.shape, scale.shape) else None))
         if node.op_type == "Concat":
+            parts = [kernels.dequantize_shifted(q, shift, scale) for q, (scale, shift) in zip(integers, parameters)]
             x = np.concatenate(parts, axis=axis)
-        else:
-            first, second = parts
-            combine = np.add if node.op_type == "Add" else np.multiply
-            x = combine(first, second, out=first if first.shape == np.broadcast_shapes(first.shape, second.shape) else None)
-        if relu is not None:
-            np.maximum(x, np.float32(0), out=x)
-        return [destination[1](x)]
+            return [destination[1](np.maximum(x, np.float32(0), out=x) if relu is not None else x)]
+        (scale1, shift1), (scale2, shift2) = parameters
+        joined = kernels.join_q(node.op_type == "Mul", integers[0], shift1, scale1, integers[1], shift2, scale2,
+                                relu is not None, **(fused or {}))
+        return [joined if fused else destination[1](joined)]
 
     return _step(run, [dq.data for dq in branches], nodes)
 
@@ -174,10 +169,12 @@ def _accumulate_chain(node: ir.Node, threads: int):
     if quantize is not None:
         nodes.append(quantize[0])
 
+    fused = _per_tensor_quantize_linear(quantize[0]) if quantize else None  # into the output stage's one pass
+
     def run(*arrays):
         acc = accumulate(*arrays)
-        out = kernels.output_stage(acc, multiplier, bias, tuple(post_ops), axis=axis)
-        return [quantize[1](out) if quantize else out]
+        out = kernels.output_stage(acc, multiplier, bias, tuple(post_ops), axis=axis, **(fused or {}))
+        return [quantize[1](out) if quantize and not fused else out]
 
     return _step(run, runtime_inputs, nodes)
 
@@ -244,14 +241,28 @@ def quantize_function(node: ir.Node, in_place: bool = False):
         qmin, qmax = level_range(levels, ir.DataType(_attr(node, "to")) == ir.DataType.INT8)
         affine = kernels.fq_input_affine(il, ih, levels)
         return partial(_quantize_fq_kernel, affine=affine, qmin=qmin, qmax=qmax)
+    parameters = _quantize_linear_parameters(node)
+    return None if parameters is None else partial(kernels.quantize, **parameters, in_place=in_place)
+
+
+def _quantize_linear_parameters(node: ir.Node) -> dict | None:
+    """QuantizeLinear's constant scale, zero_point, qmin, qmax (its zero point type's range) and axis, or None."""
     scale = const_array(node.inputs[1])
     zero_point = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.uint8(0)
     if scale is None or zero_point is None:
         return None
     info = np.iinfo(zero_point.dtype)
     axis = _attr(node, "axis", 1) if scale.size > 1 else None
-    return partial(kernels.quantize, scale=scale, zero_point=zero_point, qmin=int(info.min), qmax=int(info.max),
-                   axis=axis, in_place=in_place)
+    return dict(scale=scale, zero_point=zero_point, qmin=int(info.min), qmax=int(info.max), axis=axis)
+
+
+def _per_tensor_quantize_linear(node: ir.Node) -> dict | None:
+    """A QuantizeLinear with one scale and zero point as the destination arguments of the kernels, or None."""
+    parameters = _quantize_linear_parameters(node) if node.domain != "lpt" else None
+    if parameters is None or parameters["axis"] is not None or parameters["zero_point"].size != 1:
+        return None
+    return dict(dst_scale=parameters["scale"], dst_zero_point=parameters["zero_point"], qmin=parameters["qmin"],
+                qmax=parameters["qmax"])
 
 
 def _quantize_fq_kernel(x, affine, qmin, qmax):

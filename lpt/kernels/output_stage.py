@@ -9,6 +9,8 @@ output_stage, in f32 and in this order (the reference twin performs the same ope
 Per-channel values lie along `axis` (1 for convolution's [N, C, …], −1 for MatMul's [..., N]).
 Every step after the conversion works in place on the f32 copy of acc, which the stage owns (a
 post-op's `apply` may overwrite its argument): fewer passes over memory, same operations.
+Where acc is int32 with channels innermost in memory, the post-ops are Relu/Clip and the
+destination is 8-bit, one C pass does it all (lpt/kernels/_elementwise.c): the same operations.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpt.kernels.quantize import broadcast_along, quantize, round_to_range
+from lpt.kernels.quantize import broadcast_along, integer_container, quantize, round_to_range
 from lpt.numerics import fake_quantize
+
+try:
+    from lpt.kernels import _elementwise as _native
+except ImportError:  # built without a C compiler: the numpy forms run instead
+    _native = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ def output_stage(acc, multiplier, bias=None, post_ops: tuple[PostOp, ...] = (), 
                  qmin: int = 0, qmax: int = 255, axis: int = 1) -> np.ndarray:
     """dst = post_ops(f32(acc)·m[c] + bias[c]), then saturate(rint(dst / s_dst) + zp_dst); f32 if s_dst is None."""
     acc = np.asarray(acc)
+    if (out := _in_one_pass(acc, multiplier, bias, post_ops, dst_scale, dst_zero_point, qmin, qmax, axis)) is not None:
+        return out
     x = acc.astype(np.float32)  # a copy: the steps below work in place on it
     np.multiply(x, broadcast_along(np.asarray(multiplier, dtype=np.float32), acc.ndim, axis), out=x)
     if bias is not None:
@@ -100,6 +109,30 @@ def output_stage(acc, multiplier, bias=None, post_ops: tuple[PostOp, ...] = (), 
     if dst_scale is None:
         return x
     return quantize(x, dst_scale, dst_zero_point, qmin, qmax, in_place=True)
+
+
+def _in_one_pass(acc, multiplier, bias, post_ops, dst_scale, dst_zero_point, qmin, qmax, axis):
+    """The C form of output_stage, or None where it does not apply."""
+    if (_native is None or acc.dtype != np.int32 or acc.ndim == 0 or np.size(dst_zero_point) != 1
+            or np.size(dst_scale) != 1 or not all(isinstance(op, (Relu, Clip)) for op in post_ops)):
+        return None  # (a per-channel destination broadcasts by numpy's rules in the numpy form: left to it)
+    channels_last = np.moveaxis(acc, axis, -1)
+    dtype = np.float32 if dst_scale is None else integer_container(qmin, qmax)
+    if not channels_last.flags.c_contiguous or dtype not in (np.float32, np.uint8, np.int8):
+        return None
+    clips = [(0.0, np.inf) if isinstance(op, Relu) else (op.low, op.high) for op in post_ops]
+    out = np.empty(channels_last.shape, dtype)
+    channels = channels_last.shape[-1]
+    _native.output_stage(channels_last, out, _vector(multiplier, channels),
+                         None if bias is None else _vector(bias, channels), np.array(clips, np.float32).reshape(-1),
+                         None if dst_scale is None else float(np.float32(np.asarray(dst_scale).reshape(()))),
+                         int(np.asarray(dst_zero_point).reshape(())), qmin, qmax)
+    return np.moveaxis(out, -1, axis)
+
+
+def _vector(value, channels: int) -> np.ndarray:
+    """One f32 per channel (a single value repeated)."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=np.float32).reshape(-1), (channels,)))
 
 
 def qlinear_multiplier(x_scale, w_scale, y_scale) -> np.ndarray:
