@@ -174,9 +174,12 @@ def _default_data(model: Path, data: Path | None) -> Path:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the outputs here (.npz keyed by output name).")
 @click.option("--check", is_flag=True, help="Cross-check against onnxruntime on the FQ model and on lpt's export.")
 @click.option("--batch-size", default=32, show_default=True, help="Samples per run of the plan.")
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(0), help="Threads of the integer GEMM and the onnxruntime "
+              "fallback; 0: one per core.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @_one_line_errors
-def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_size: int, force: bool) -> None:
+def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_size: int, threads: int,
+        force: bool) -> None:
     """Run MODEL on lpt's int8 backend.
 
     MODEL is a fake-quantized model (transformed on the fly) or an int8 graph saved by
@@ -187,7 +190,7 @@ def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_
     Example:
       lpt run models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.test.npz -o out.npz --check
     """
-    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check)
+    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check, threads=threads)
     if output is not None:
         lpt.model_io.write_arrays(result.outputs, output, overwrite=force)
     split = ", ".join(f"{n} on {backend}" for backend, n in result.op_split.items())
@@ -398,7 +401,8 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
               ".npz beside it.")
 @click.option("--fp32", "fp32_path", type=click.Path(path_type=Path), help="The fp32 model, timed in onnxruntime "
               "as the baseline of the ratios.")
-@click.option("--threads", default=2, show_default=True, help="Threads for every engine (BLAS and onnxruntime).")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1), help="Threads for every engine (lpt's integer GEMM, "
+              "BLAS and onnxruntime).")
 @click.option("--repeats", default=20, show_default=True, help="Timed runs per engine; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @_one_line_errors

@@ -2,7 +2,8 @@
 
 Each engine runs the same batch repeatedly; the median of the repeats is reported, and the
 ratios are what to read (this machine is shared and noisy). Threads are pinned to the same
-count for all: onnxruntime's intra-op pool, and the BLAS pool lpt's integer GEMM goes through.
+count for all: onnxruntime's intra-op pool, lpt's integer GEMM (MLAS, in its own onnxruntime
+sessions), and the BLAS pool of lpt's f32 routes.
 """
 
 from __future__ import annotations

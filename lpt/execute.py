@@ -88,11 +88,12 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
     return check
 
 
-def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 1) -> RunResult:
+def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0) -> RunResult:
     """Run a fake-quantized or int8 `model` (path or ir.Model) on lpt's backend over `data`.
 
     Returns outputs by name (concatenated over the data), the compiled plan (its int8/f32 split)
-    and, with `check`, the cross-check against onnxruntime on the first batch.
+    and, with `check`, the cross-check against onnxruntime on the first batch. `threads` is
+    for the integer GEMM and the onnxruntime fallback (0: one per core).
     """
     from lpt import load
     from lpt.calibration.data import CalibrationData, input_specs, split_labels
