@@ -7,8 +7,9 @@
  * (tests/kernels/test_native.py checks it, with hypothesis and on extreme values), because:
  * - every operation is one IEEE float32 operation: the build passes -ffp-contract=off, so no
  *   multiply and add fuse into an FMA, and no -ffast-math, so nothing is reassociated;
- * - the clips keep a NaN as numpy's maximum/minimum do; fmaxf/fminf drop it as numpy's
- *   fmax/fmin do; rintf rounds half to even; int -> float32 conversion rounds to nearest.
+ * - the clips keep a NaN as numpy's maximum/minimum do; the saturation drops it as numpy's
+ *   fmax/fmin do; rounding is half to even (round_half_even); int -> float32 conversion rounds
+ *   to nearest, as numpy's astype does.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

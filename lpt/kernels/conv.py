@@ -131,9 +131,9 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
         raise ValueError(f"source of shape {src_q.shape} does not fit weights for {packed.in_channels} input channels")
     window, groups = packed.window, packed.groups
     out_shape = window.output_shape(src_q.shape[2:])
-    padded = window.padded(src_q, packed.src_zero_point)
     if packed.int8_gemm is not None:
         return _accumulate_channels_last(src_q, packed, out_shape)
+    padded = window.padded(src_q, packed.src_zero_point)
     reduction = packed.weights.shape[2]
     src_bound = magnitude_bound(src_q.dtype)
     bound = reduction * deviation_bound(src_q.dtype, packed.src_zero_point) * packed.weight_bound
