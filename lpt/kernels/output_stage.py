@@ -132,7 +132,10 @@ def _in_one_pass(acc, multiplier, bias, post_ops, dst_scale, dst_zero_point, qmi
 
 def _vector(value, channels: int) -> np.ndarray:
     """One f32 per channel (a single value repeated)."""
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=np.float32).reshape(-1), (channels,)))
+    value = np.asarray(value, dtype=np.float32)
+    if value.shape == (channels,) and value.flags.c_contiguous:
+        return value
+    return np.ascontiguousarray(np.broadcast_to(value.reshape(-1), (channels,)))
 
 
 def qlinear_multiplier(x_scale, w_scale, y_scale) -> np.ndarray:
