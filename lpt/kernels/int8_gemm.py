@@ -1,6 +1,6 @@
 """u8 × s8 → int32 products with a constant right-hand side, on onnxruntime's MLAS integer GEMM.
 
-Why MLAS: on a CPU with VNNI or AMX its integer GEMM is 4–8× faster than the f32 BLAS route of
+Why MLAS: on a CPU with VNNI or AMX its integer GEMM is 3–8× faster than the f32 BLAS route of
 lpt.kernels.gemm (bench/resnet18.py measures it), and its results are int32 sums, not floats.
 It is reached through a one-node onnxruntime session running MatMulInteger, whose constant B
 onnxruntime packs once, when the session is built.
