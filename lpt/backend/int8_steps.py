@@ -293,10 +293,7 @@ def _dequantize(node: ir.Node):
     destination = _destination(multiply.outputs[0], in_place=True)  # x below is the step's own
 
     def run(q):
-        x = q.astype(np.float32)
-        if shift is not None:
-            x = x - shift
-        x = x * scale
+        x = kernels.dequantize_shifted(q, shift, scale)
         return [destination[1](x) if destination else x]
 
     return _step(run, [node.inputs[0]], nodes + ([destination[0]] if destination else []))

@@ -26,7 +26,7 @@ import numpy as np
 
 from lpt.kernels import gemm
 from lpt.kernels.gemm import accumulator_dtype, deviation_bound, exact_chunk, integer_range, magnitude_bound
-from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, mlas_is_exact
+from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, as_unsigned, mlas_is_exact
 from lpt.kernels.window import Window
 
 
@@ -156,11 +156,9 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
 
 def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, out_shape) -> np.ndarray:
     """MLAS's Σ (q_src − zp_src)·W' over channels-last im2col rows: int32 [N, OC, *out], a view of [N, *out, OC]."""
-    window, zero_point = packed.window, packed.src_zero_point
-    source = window.padded(np.moveaxis(src_q, 1, -1), zero_point, channels_last=True)  # [N, *spatial, C]
-    if source.dtype == np.int8:  # MLAS multiplies u8 by s8: q + 128 and zp + 128 leave q − zp as it was
-        source = source.view(np.uint8) ^ np.uint8(128)
-        zero_point += 128
+    window = packed.window
+    source, zero_point = as_unsigned(np.moveaxis(src_q, 1, -1), packed.src_zero_point)  # before im2col multiplies it
+    source = window.padded(source, zero_point, channels_last=True)  # [N, *spatial, C]
     spatial_strides = source.strides[1:-1]
     taps = np.lib.stride_tricks.as_strided(
         source, shape=(source.shape[0],) + tuple(out_shape) + window.kernel + (source.shape[-1],),

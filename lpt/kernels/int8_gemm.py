@@ -29,7 +29,7 @@ MAX_REDUCTION = (2**31 - 1) // (255 * 128)
 
 
 class ConstantInt8Gemm:
-    """y[m, n] = Σ_k (a[m, k] − za)·b[k, n] as int32, for uint8 a [M, K] and the int8 b [K, N] given here."""
+    """y[m, n] = Σ_k (a[m, k] − za)·b[k, n] as int32, for 8-bit a [M, K] and the int8 b [K, N] given here."""
 
     def __init__(self, weights: np.ndarray, threads: int = 0):
         weights = np.asarray(weights)
@@ -41,7 +41,18 @@ class ConstantInt8Gemm:
         self._session = _session(weights, threads)
 
     def __call__(self, a: np.ndarray, a_zero_point: int = 0) -> np.ndarray:
+        a, a_zero_point = as_unsigned(a, a_zero_point)
         return self._session.run(None, {"a": a, "a_zero_point": np.array(a_zero_point, np.uint8)})[0]
+
+
+def as_unsigned(q: np.ndarray, zero_point: int) -> tuple[np.ndarray, int]:
+    """An int8 q and its zero point as uint8 q + 128 and zp + 128, which leave q − zp as it was; uint8 as it is.
+
+    MLAS multiplies u8 by s8. A caller that gathers q into a larger array (im2col) shifts it first.
+    """
+    if q.dtype != np.int8:
+        return q, zero_point
+    return q.view(np.uint8) ^ np.uint8(128), zero_point + 128
 
 
 def _session(weights: np.ndarray, threads: int) -> ort.InferenceSession:

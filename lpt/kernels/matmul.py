@@ -60,10 +60,8 @@ def matmul_accumulate_packed(a_q, packed: PackedMatMul, trans_a: bool = False) -
     """acc = Σ_k (q_a − zp_a)·B'[k]: int32 [..., M, N], int64 when K·max|a − za|·max|B'| may pass 2^31 − 1."""
     a = _operand(a_q, trans_a)
     if packed.int8_gemm is not None:
-        rows, zero_point = np.ascontiguousarray(a).reshape(-1, a.shape[-1]), int(packed.a_zero_point)
-        if rows.dtype == np.int8:  # MLAS multiplies u8 by s8: q + 128 and za + 128 leave q − za as it was
-            rows, zero_point = rows.view(np.uint8) ^ np.uint8(128), zero_point + 128
-        return packed.int8_gemm(rows, zero_point).reshape(a.shape[:-1] + (packed.int8_gemm.columns,))
+        rows = np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+        return packed.int8_gemm(rows, int(packed.a_zero_point)).reshape(a.shape[:-1] + (packed.int8_gemm.columns,))
     raw = integer_matmul(a.astype(np.float32), packed.weights, magnitude_bound(a.dtype), packed.weight_bound)
     bound = a.shape[-1] * deviation_bound(a.dtype, packed.a_zero_point) * packed.weight_bound
     return (raw + packed.offset).astype(accumulator_dtype(bound))
