@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -14,7 +15,11 @@ from lpt.kernels import Clip, Relu, Sigmoid, join_q, output_stage
 OUTPUT_STAGE = sys.modules["lpt.kernels.output_stage"]  # the module: the package re-exports the function's name
 ELEMENTWISE = sys.modules["lpt.kernels.elementwise"]
 
-pytestmark = pytest.mark.skipif(OUTPUT_STAGE._native is None, reason="lpt was installed without its C extension")
+# setup.py builds the extension as optional: without a C compiler lpt installs and runs the numpy
+# forms (which the other kernel tests cover). CI has a compiler, so there a missing build fails.
+pytestmark = pytest.mark.skipif(OUTPUT_STAGE._native is None and not os.environ.get("CI"),
+                                reason="lpt was installed without its C extension (no C compiler): the numpy "
+                                       "forms run instead, and the other kernel tests cover them")
 
 DESTINATIONS = [(None, 0, 0, 255), (0.013, 3, 0, 255), (0.02, -5, -128, 127), (0.02, 0, -127, 127), (0.5, 255, 0, 255)]
 

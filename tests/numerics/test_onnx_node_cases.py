@@ -28,7 +28,8 @@ for _module in ("quantizelinear", "dequantizelinear", "dynamicquantizelinear"):
     importlib.import_module(f"onnx.backend.test.case.node.{_module}")
 CASES = [case for case in node_cases._NodeTestCases if case.name.startswith(tuple(OPS))]
 
-UNSUPPORTED_REASON = "lpt quantizes to integer types only: 4-, 8- and 16-bit"
+UNSUPPORTED_REASON = ("lpt quantizes to 4-, 8- and 16-bit integers with float32 scales; this case uses float8, "
+                      "float4, 2-bit integers or float16")
 UNSUPPORTED = {  # the cases skipped for UNSUPPORTED_REASON, by name
     "test_quantizelinear_e4m3fn", "test_quantizelinear_e5m2", "test_quantizelinear_float4e2m1",
     "test_quantizelinear_int2", "test_quantizelinear_uint2",
