@@ -217,10 +217,10 @@ def _print_check(check) -> None:
         table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(alone.max_lsb), str(t.size))
     console.print(table)
     outputs = Table(title="outputs (f32)", title_justify="left")
-    for column in ("output", "against", "max |diff|", "exactly equal"):
+    for column in ("output", "against", "max |diff|", "exactly equal", "why they may differ"):
         outputs.add_column(column)
     for o in check.outputs:
-        outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", _share(o.share_equal))
+        outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", _share(o.share_equal), o.note)
     console.print(outputs)
     for note in check.export_notes:
         console.print(f"  export: {note}")
@@ -328,7 +328,7 @@ def _print_quantize_report(report) -> None:
     console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB end to end over {len(check.tensors)} quantized "
                   f"tensors ({_share(check.share_exact)} exactly equal), max {check.max_local_lsb} LSB per layer alone")
     for o in check.outputs:
-        console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}")
+        console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}" + (f" ({o.note})" if o.note else ""))
     agreement = report.agreement
     reference = "fp32" if report.calibration is not None else "the FQ model"
     for name, a in agreement.outputs.items():

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from lpt.backend import Plan, compile_model
 from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_fake_quantized, run_onnxruntime
 from lpt.export.int8 import to_standard_int8
+from lpt.kernels.int8_gemm import onnxruntime_saturation_note
 from lpt.model_io import clone
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ class OutputAgreement:
     against: str  # what lpt's output was compared with
     max_abs_diff: float
     share_equal: float
+    note: str = ""  # why the two may differ, where that is known
 
 
 @dataclass
@@ -80,11 +82,12 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
     fq_outputs, engine = run_fake_quantized(fq_model, batch, plan.outputs)
     references = {f"FQ model ({engine})": fq_outputs,
                   "exported int8 model (onnxruntime)": run_onnxruntime(exported, batch, plan.outputs)}
+    notes = {"exported int8 model (onnxruntime)": onnxruntime_saturation_note() or ""}
     for against, theirs in references.items():
         for name in plan.outputs:
             difference = np.abs(ours[name].astype(np.float64) - theirs[name].astype(np.float64))
             check.outputs.append(OutputAgreement(name, against, float(difference.max(initial=0)),
-                                                 float((difference == 0).mean())))
+                                                 float((difference == 0).mean()), notes.get(against, "")))
     return check
 
 

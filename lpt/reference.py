@@ -11,6 +11,7 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_25
 
 from lpt.graph.fake_quantize_op import DOMAIN, OPENVINO_DOMAIN, FakeQuantize
 from lpt.kernels.conv_transpose import conv_transpose_accumulate
@@ -46,6 +47,9 @@ def _run_conv_transpose_integer(self, x, w, x_zero_point=None, w_zero_point=None
 CUSTOM_OPS = [type("FakeQuantize", (OpRun,), {"op_domain": domain, "_run": _run_fake_quantize})
         for domain in (DOMAIN, OPENVINO_DOMAIN)]
 CUSTOM_OPS.append(type("Quantize", (OpRun,), {"op_domain": DOMAIN, "_run": _run_quantize}))
+# ONNX's evaluator implements DequantizeLinear from opset 19 on only; every earlier version is a
+# subset of the latest (8-bit types, per tensor or per axis), which then serves them all.
+CUSTOM_OPS.append(type("DequantizeLinear", (DequantizeLinear_25,), {"op_domain": ""}))
 CUSTOM_OPS.append(type("ConvTransposeInteger", (OpRun,), {"op_domain": DOMAIN, "_run": _run_conv_transpose_integer}))
 
 

@@ -8,6 +8,8 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from lpt.kernels.int8_gemm import exact_routes
+
 FLOAT = onnx.TensorProto.FLOAT
 
 
@@ -43,6 +45,11 @@ def run_ort(proto: onnx.ModelProto | ir.Model, feeds: dict) -> list[np.ndarray]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+# Whether onnxruntime's own u8 × s8 kernels (QLinearConv, ConvInteger, QDQ fusions) are exact on this CPU:
+# without VNNI they saturate pair sums in int16, and only the exact reference stands for the integer op.
+ONNXRUNTIME_INT8_IS_EXACT = "u8s8" in exact_routes()
 
 
 def op_types(model: ir.Model | onnx.ModelProto) -> list[str]:

@@ -10,6 +10,7 @@ import lpt
 from lpt.backend import compile_model
 from lpt.crosscheck import quantized_tensor_agreement, run_onnxruntime
 from lpt.graph.ops import QUANTIZABLE_OPS
+from tests.graphs import ONNXRUNTIME_INT8_IS_EXACT
 
 MODELS = Path(__file__).parent.parent / "models"
 FP32 = ["digits_cnn", "digits_zoo", "digits_transformer", "tabular_mlp"]
@@ -120,7 +121,9 @@ def test_onnxruntime_qdq_model_on_both_backends():
     results = {backend: lpt.compare(MODELS / "digits_cnn.onnx", MODELS / "digits_cnn.ort_qdq.onnx",
                                     MODELS / "digits_cnn.test.npz", labels="labels", backend=backend).to_dict()
                for backend in ("onnxruntime", "lpt")}
-    for result in results.values():
-        assert result["accuracy"]["drop"] <= 0.01
+    assert results["lpt"]["accuracy"]["drop"] <= 0.01
     sqnr = {b: r["outputs"]["logits"]["sqnr_db"] for b, r in results.items()}
-    assert abs(sqnr["lpt"] - sqnr["onnxruntime"]) < 3, sqnr
+    assert sqnr["lpt"] > 35, sqnr  # 39.8 dB on every CPU: lpt's integers do not depend on it
+    if ONNXRUNTIME_INT8_IS_EXACT:  # without VNNI onnxruntime's u8·s8 kernels saturate (18.7 dB measured on a Zen 3)
+        assert results["onnxruntime"]["accuracy"]["drop"] <= 0.01
+        assert abs(sqnr["lpt"] - sqnr["onnxruntime"]) < 3, sqnr

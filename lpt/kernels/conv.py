@@ -26,7 +26,7 @@ import numpy as np
 
 from lpt.kernels import gemm
 from lpt.kernels.gemm import accumulator_dtype, deviation_bound, exact_chunk, integer_range, magnitude_bound
-from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, as_unsigned, mlas_is_exact
+from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, as_unsigned, gemm_route
 from lpt.kernels.window import Window
 
 
@@ -74,8 +74,9 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
     compensation = centred.sum(axis=1)
     magnitudes = np.abs(centred)
     offset = -int(src_zero_point) * compensation
-    mlas = (int8_gemm and groups == 1 and centred.shape[1] <= MAX_REDUCTION
-            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127 and mlas_is_exact())
+    route = gemm_route() if int8_gemm else None
+    mlas = (route is not None and groups == 1 and centred.shape[1] <= MAX_REDUCTION
+            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127)
     channels_last = np.moveaxis(centred.reshape(weights.shape), 1, -1).reshape(out_channels, -1)
     return PackedConv(
         weights=centred.astype(np.float32).reshape(groups, out_channels // groups, -1),
@@ -87,7 +88,7 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         chunks={bound: exact_chunks(magnitudes, gemm.F32_EXACT_INTEGERS // bound) for bound in (128, 255)},
         groups=groups,
         window=Window.of(kernel, strides, dilations, pads),
-        int8_gemm=ConstantInt8Gemm(channels_last.T.astype(np.int8), threads) if mlas else None,
+        int8_gemm=ConstantInt8Gemm(channels_last.T.astype(np.int8), threads, route) if mlas else None,
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpt.kernels.gemm import accumulator_dtype, deviation_bound, integer_matmul, magnitude_bound
-from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, mlas_is_exact
+from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, gemm_route
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: ndarray fields have no boolean ==
@@ -45,14 +45,15 @@ def pack_matmul_weights(b_q, b_zero_point=0, a_zero_point=0, trans_b: bool = Fal
         b = np.swapaxes(b, -1, -2)
     centred = b.astype(np.int64) - _column_zero_point(b_zero_point)
     a_zero_point = _row_zero_point(a_zero_point)
-    mlas = (int8_gemm and centred.ndim == 2 and a_zero_point.ndim == 0 and centred.shape[0] <= MAX_REDUCTION
-            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127 and mlas_is_exact())
+    route = gemm_route() if int8_gemm else None
+    mlas = (route is not None and centred.ndim == 2 and a_zero_point.ndim == 0 and centred.shape[0] <= MAX_REDUCTION
+            and -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127)
     return PackedMatMul(
         weights=centred.astype(np.float32),
         offset=-a_zero_point * centred.sum(axis=-2, keepdims=True),
         a_zero_point=a_zero_point,
         weight_bound=max(1, int(np.abs(centred).max(initial=0))),
-        int8_gemm=ConstantInt8Gemm(centred.astype(np.int8), threads) if mlas else None,
+        int8_gemm=ConstantInt8Gemm(centred.astype(np.int8), threads, route) if mlas else None,
     )
 
 
