@@ -19,9 +19,18 @@ from rich.table import Table
 import lpt
 from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
 from lpt.calibration import calibrate as run_calibration
-from lpt.calibration.data import data_beside
+from lpt.calibration.data import data_beside, parse_batch_axes
 
 console = Console(markup=False, highlight=False)  # node names may hold [brackets]
+
+
+def batch_axis_option(command):
+    """--batch-axis NAME=AXIS, repeatable (calibrate, quantize, run, compare): parsed in the command by
+    lpt.calibration.data.parse_batch_axes, so a bad value is a one-line DataError."""
+    return click.option("--batch-axis", "batch_axes", multiple=True, metavar="NAME=AXIS",
+                        help="Which axis of DATA holds input NAME's samples, or none for a fixed input fed "
+                             "whole with every batch (e.g. state=1 for a [2, N, 128] state, sr=none). Default: "
+                             "guessed from the model's input shapes. Repeatable.")(command)
 
 
 def default_output(model: Path) -> Path:
@@ -41,6 +50,7 @@ def default_output(model: Path) -> Path:
               show_default=True, help="How activation ranges come from the statistics.")
 @click.option("--subset-size", type=click.IntRange(min=1), default=300, show_default=True,
               help="Use at most N samples.")
+@batch_axis_option
 @click.option("--ignore", multiple=True, metavar="NODE|re:REGEX|OP",
               help="Leave matching nodes in f32 (node name, regex on names, or op type); repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
@@ -49,8 +59,9 @@ def default_output(model: Path) -> Path:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the FQ model. "
               "Default: MODEL_STEM.fq.onnx beside MODEL.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
-def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subset_size: int, ignore: tuple[str, ...],
-              no_bias_correction: bool, skip_nonfinite: bool, quiet: bool, output: Path | None, force: bool) -> None:
+def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subset_size: int,
+              batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, skip_nonfinite: bool,
+              quiet: bool, output: Path | None, force: bool) -> None:
     """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
 
     Activations get per-tensor ranges from the statistics, weights symmetric int8 per output
@@ -62,6 +73,7 @@ def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subse
       lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
       lpt calibrate model.onnx --data samples/ --estimator mse --ignore re:^/head/ -o model.fq.onnx
     """
+    axes = parse_batch_axes(batch_axes)
     output = output or default_output(model)
     if output.exists() and model.exists() and output.resolve() == model.resolve():
         raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
@@ -70,7 +82,7 @@ def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subse
     data = data if data is not None else data_beside(model)
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
-                             quiet=quiet)
+                             quiet=quiet, batch_axes=axes)
     lpt.save(result.model, output, overwrite=force)
     if not quiet:
         print_summary(result.report, model)

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 import lpt
+from cli.calibrate import batch_axis_option
+from lpt.calibration.data import parse_batch_axes
 
 console = Console(markup=False, highlight=False)  # node names may hold [brackets]
 
@@ -177,9 +179,10 @@ def _default_data(model: Path, data: Path | None) -> Path:
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(0), help="Threads of the integer GEMM and the onnxruntime "
               "fallback; 0: one per core.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+@batch_axis_option
 @_one_line_errors
 def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_size: int, threads: int,
-        force: bool) -> None:
+        force: bool, batch_axes: tuple[str, ...]) -> None:
     """Run MODEL on lpt's int8 backend.
 
     MODEL is a fake-quantized model (transformed on the fly) or an int8 graph saved by
@@ -190,7 +193,8 @@ def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_
     Example:
       lpt run models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.test.npz -o out.npz --check
     """
-    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check, threads=threads)
+    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check, threads=threads,
+                     batch_axes=parse_batch_axes(batch_axes))
     if output is not None:
         lpt.model_io.write_arrays(result.outputs, output, overwrite=force)
     split = ", ".join(f"{n} on {backend}" for backend, n in result.op_split.items())
@@ -268,9 +272,10 @@ def export(model: Path, output: Path, force: bool) -> None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the report as JSON here.")
 @click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
+@batch_axis_option
 @_one_line_errors
 def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
-             skip_nonfinite, json_path, force, quiet) -> None:
+             skip_nonfinite, json_path, force, quiet, batch_axes) -> None:
     """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
 
     An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
@@ -283,6 +288,7 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
       lpt quantize models/digits_cnn.onnx
       lpt quantize my_model.onnx --data samples.npz --preset mixed -o build/my_model
     """
+    axes = parse_batch_axes(batch_axes)
     prefix = output_prefix or model.with_suffix("")
     for path in (Path(f"{prefix}.fq.onnx"), Path(f"{prefix}.int8.onnx")):
         _refuse_input_as_output(model, path)
@@ -295,7 +301,7 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
         result = lpt.quantize(model, _default_data(model, data), preset=preset,
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
                               bias_correction=not no_bias_correction, recalibrate=recalibrate,
-                              skip_nonfinite=skip_nonfinite,
+                              skip_nonfinite=skip_nonfinite, batch_axes=axes,
                               quiet=quiet or not console.is_terminal,
                               on_stage=(lambda name: status.update(name)) if status is not None else None)
     finally:
@@ -351,8 +357,10 @@ def _print_quantize_report(report) -> None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the comparison as JSON here.")
 @click.option("--plot", type=click.Path(path_type=Path), help="Draw the per-layer SQNR as a PNG bar chart.")
 @click.option("--force", is_flag=True, help="Replace existing --json/--plot files.")
+@batch_axis_option
 @_one_line_errors
-def compare_command(reference, candidate, data, labels_key, backend, per_layer, json_path, plot, force) -> None:
+def compare_command(reference, candidate, data, labels_key, backend, per_layer, json_path, plot, force,
+                    batch_axes) -> None:
     """Compare CANDIDATE (an FQ or int8 model) with REFERENCE (usually the fp32 model).
 
     Per output: SQNR, cosine similarity, max and mean absolute error; with --labels, top-1
@@ -365,7 +373,7 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
           --data models/digits_cnn.test.npz --labels labels --per-layer
     """
     comparison = lpt.compare(reference, candidate, data, labels=labels_key, backend=backend,
-                             per_layer=per_layer or plot is not None)
+                             per_layer=per_layer or plot is not None, batch_axes=parse_batch_axes(batch_axes))
     result = comparison.to_dict()
     table = Table(title=f"{candidate.name} vs {reference.name} ({backend})", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "max |err|", "mean |err|"):

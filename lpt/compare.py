@@ -79,8 +79,10 @@ def _dequantize_function(node: ir.Node):
 
 
 def compare(reference, candidate, data, *, labels: str | None = None, backend: str = "lpt",
-            per_layer: bool = False, batch_size: int = 32) -> Comparison:
-    """Compare `candidate` with `reference` (paths or ir.Models) on `data`; see Comparison.to_dict."""
+            per_layer: bool = False, batch_size: int = 32,
+            batch_axes: dict[str, int | None] | None = None) -> Comparison:
+    """Compare `candidate` with `reference` (paths or ir.Models) on `data`; see Comparison.to_dict.
+    `batch_axes` ({input name: axis, or None for a fixed input}) overrides the guessed batch axes."""
     import lpt
 
     if backend not in BACKENDS:
@@ -89,7 +91,7 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     candidate = lpt.load(candidate) if isinstance(candidate, (str, os.PathLike)) else candidate
     specs = input_specs(reference)
     inputs, label_array = split_labels(data, labels, [s.name for s in specs])
-    dataset = CalibrationData(inputs, specs, batch_size=batch_size)
+    dataset = CalibrationData(inputs, specs, batch_size=batch_size, batch_axes=batch_axes)
     output_names = [v.name for v in reference.graph.outputs]
 
     plan, probes = None, {}

@@ -91,12 +91,14 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
     return check
 
 
-def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0) -> RunResult:
+def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0,
+        batch_axes: dict[str, int | None] | None = None) -> RunResult:
     """Run a fake-quantized or int8 `model` (path or ir.Model) on lpt's backend over `data`.
 
     Returns outputs by name (concatenated over the data), the compiled plan (its int8/f32 split)
     and, with `check`, the cross-check against onnxruntime on the first batch. `threads` is
-    for the integer GEMM and the onnxruntime fallback (0: one per core).
+    for the integer GEMM and the onnxruntime fallback (0: one per core). `batch_axes` ({input name:
+    axis, or None for a fixed input}) overrides the batch axes guessed from the model.
     """
     from lpt import load
     from lpt.calibration.data import CalibrationData, input_specs, split_labels
@@ -108,7 +110,7 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     plan = compile_model(int8_model, threads=threads)
     specs = input_specs(int8_model)
     inputs, _ = split_labels(data, None, [s.name for s in specs])  # a test file's labels are not inputs
-    dataset = CalibrationData(inputs, specs, batch_size=batch_size)
+    dataset = CalibrationData(inputs, specs, batch_size=batch_size, batch_axes=batch_axes)
     outputs, seconds = run_plan(plan, dataset.batches())
     result = RunResult(outputs, plan, seconds)
     if check:

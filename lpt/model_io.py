@@ -34,12 +34,40 @@ def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{path}: not an ONNX model (no graph found)")
     _load_external_data(proto, path.parent.resolve())
     check_model(proto, str(path))
-    return proto
+    return prepare(proto, str(path))
 
 
 def read_model(path: str | os.PathLike) -> ir.Model:
-    """The model at `path` as an onnx_ir Model (checked, external data loaded safely)."""
+    """The model at `path` as an onnx_ir Model (checked, external data loaded safely, prepared)."""
     return ir.serde.deserialize_model(read_model_proto(path))
+
+
+# QuantizeLinear/DequantizeLinear take `axis` (per-channel scales) from opset 13 on.
+MIN_OPSET = 13
+
+
+def prepare(proto: onnx.ModelProto, label: str = "model") -> onnx.ModelProto:
+    """The model at an opset that can say what lpt writes, with every value's type and shape inferred.
+
+    Below MIN_OPSET the model is converted by onnx's version converter (the same computation, newer
+    op versions); a conversion that fails is a ModelError. Shape inference is not strict: a value
+    it cannot type stays untyped, and lpt's passes treat its rank as unknown.
+    """
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset < MIN_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
+            onnx.checker.check_model(proto)
+        except Exception as err:  # noqa: BLE001 - the converter raises many kinds; all mean the same here
+            raise ModelError(f"{label}: opset {opset} is older than {MIN_OPSET}, which lpt needs to write per-channel "
+                             f"quantization, and onnx's version converter failed: {_first_line(err)}") from None
+        logger.info("%s: converted from opset %d to %d", label, opset, MIN_OPSET)
+    try:
+        return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception as err:  # noqa: BLE001 - a model onnxruntime runs can still trip the inference
+        logger.warning("%s: shape inference failed (%s); going on with the types the model declares",
+                       label, _first_line(err))
+        return proto
 
 
 def check_model(proto: onnx.ModelProto, label: str = "model") -> None:
@@ -80,9 +108,17 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     known = [v for v in proto.graph.value_info if v.type.tensor_type.HasField("shape")]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(known)
+    imported = {op.domain for op in proto.opset_import}
+    for domain in sorted(used_domains(model) - imported):  # lpt's own ops, added by passes that import nothing
+        proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     standard = [op for op in proto.opset_import if op.domain in ("", "ai.onnx", "ai.onnx.ml")]
     proto.ir_version = max(7, onnx.helper.find_min_ir_version_for(standard, ignore_unknown=True))
     return proto
+
+
+def used_domains(model: ir.Model) -> set[str]:
+    """The op domains of every node, subgraphs included ("" for the standard one)."""
+    return {"" if n.domain == "ai.onnx" else n.domain for n in ir.traversal.RecursiveGraphIterator(model.graph)}
 
 
 def write_model(model: ir.Model | onnx.ModelProto, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

@@ -28,8 +28,9 @@ from lpt.errors import DataError, ModelError
 from lpt.execute import CrossCheck, cross_check, run_plan
 from lpt.export.int8 import ExportReport, to_standard_int8
 from lpt.graph.fake_quantize_op import is_fake_quantize
+from lpt.graph.ops import QUANTIZED_OPS
 from lpt.graph.rewrite import replace_value
-from lpt.model_io import clone, read_model
+from lpt.model_io import clone, prepare, read_model, to_proto
 from lpt.normalize import normalize
 from lpt.summary import OpPrecision, op_precisions, summarize
 from lpt.transformations.pipeline import transform
@@ -76,18 +77,21 @@ class QuantizeResult:
     plan: Plan
     report: QuantizeReport
     reference: ir.Model  # what the int8 model was compared with: the fp32 model, or the FQ model
+    batch_axes: dict[str, int | None] | None = None  # as given to quantize: the default of run and compare
 
-    def run(self, data, batch_size: int = 32) -> dict[str, np.ndarray]:
+    def run(self, data, batch_size: int = 32, *, batch_axes=None) -> dict[str, np.ndarray]:
         """Outputs of the int8 model on lpt's backend over `data`."""
-        dataset = CalibrationData(data, input_specs(self.int8_model), batch_size=batch_size)
+        dataset = CalibrationData(data, input_specs(self.int8_model), batch_size=batch_size,
+                                  batch_axes=self.batch_axes if batch_axes is None else batch_axes)
         return run_plan(self.plan, dataset.batches())[0]
 
     def export(self) -> tuple[ir.Model, ExportReport]:
         """Standard ONNX int8 (QLinearConv, ...) for onnxruntime."""
         return to_standard_int8(self.int8_model)
 
-    def compare(self, data, *, labels: str | None = None, per_layer: bool = False) -> Comparison:
-        return compare(self.reference, self.fq_model, data, labels=labels, per_layer=per_layer)
+    def compare(self, data, *, labels: str | None = None, per_layer: bool = False, batch_axes=None) -> Comparison:
+        return compare(self.reference, self.fq_model, data, labels=labels, per_layer=per_layer,
+                       batch_axes=self.batch_axes if batch_axes is None else batch_axes)
 
     def save(self, prefix: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
         """PREFIX.fq.onnx (portable QDQ) and PREFIX.int8.onnx (lpt's int8 graph), atomically."""
@@ -103,14 +107,16 @@ class QuantizeResult:
 def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | None = None,
              estimator: str | None = None, subset_size: int = 300, ignore=(), bias_correction: bool = True,
              recalibrate: bool = False, skip_nonfinite: bool = False, quiet: bool = True,
-             on_stage=None) -> QuantizeResult:
+             on_stage=None, batch_axes: dict[str, int | None] | None = None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
     `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
     graph runs on for the report; by default the .npz beside a model path. A model that already
-    holds FakeQuantize-equivalent patterns skips calibration unless `recalibrate`. Samples holding
-    NaN/Inf are refused, or skipped with `skip_nonfinite`. `on_stage(name)`
-    is called as each stage starts (the CLI shows it).
+    holds FakeQuantize-equivalent patterns skips calibration unless `recalibrate`; so does one
+    quantized dynamically (DynamicQuantizeLinear + ConvInteger), which runs as it is. Samples holding
+    NaN/Inf are refused, or skipped with `skip_nonfinite`. `batch_axes` ({input name: axis, or
+    None for a fixed input}) overrides the batch axes guessed from the model (see
+    lpt.calibration.data). `on_stage(name)` is called as each stage starts (the CLI shows it).
     """
     seconds: dict[str, float] = {}
     stage = on_stage or (lambda name: None)
@@ -129,13 +135,15 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     original = timed("load", _load, model)
     fq_model = clone(original)
     normalize(fq_model)
-    already_quantized = bool(summarize(fq_model).fake_quantized)
+    # Fake-quantized, or quantized in a form lpt runs as it is (DynamicQuantizeLinear + ConvInteger).
+    already_quantized = bool(summarize(fq_model).fake_quantized) or any(
+        n.op_type in QUANTIZED_OPS for n in ir.traversal.RecursiveGraphIterator(fq_model.graph))
     calibration = None
     if not already_quantized or recalibrate:
         options = {k: v for k, v in (("preset", preset), ("estimator", estimator)) if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
         result = timed("calibrate", calibrate, fp32, data, subset_size=subset_size, ignore=ignore,
-                       skip_nonfinite=skip_nonfinite,
+                       skip_nonfinite=skip_nonfinite, batch_axes=batch_axes,
                        bias_correction=bias_correction, quiet=quiet, **options)
         fq_model, calibration, reference = result.model, result.report, fp32
         normalize(fq_model)
@@ -144,23 +152,20 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     int8_model = clone(fq_model)
     timed("transform", transform, int8_model)
     plan = timed("compile", compile_model, int8_model)
-    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite)
+    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite,
+                              batch_axes=batch_axes)
     first = next(iter(dataset.batches()))
     check = timed("cross-check", cross_check, fq_model, int8_model, plan, first)
-    agreement = timed("run", compare, reference, fq_model, _limited(data, int8_model, subset_size, skip_nonfinite))
+    # compare reads the data once: the first `subset_size` samples, as one dict
+    agreement = timed("run", compare, reference, fq_model, dataset.collect(), batch_axes=batch_axes)
     report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds)
-    return QuantizeResult(fq_model, int8_model, plan, report, reference)
+    return QuantizeResult(fq_model, int8_model, plan, report, reference, batch_axes)
 
 
 def _load(model) -> ir.Model:
-    return read_model(model) if isinstance(model, (str, os.PathLike)) else clone(model)
-
-
-def _limited(data, model: ir.Model, subset_size: int, skip_nonfinite: bool):
-    """The first `subset_size` samples of `data`, as one dict (compare reads the data once)."""
-    dataset = CalibrationData(data, input_specs(model), subset_size=subset_size, skip_nonfinite=skip_nonfinite)
-    batches = list(dataset.batches())
-    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    if isinstance(model, (str, os.PathLike)):
+        return read_model(model)
+    return ir.serde.deserialize_model(prepare(to_proto(model)))
 
 
 def _without_fake_quantize(model: ir.Model) -> ir.Model:

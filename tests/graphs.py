@@ -13,12 +13,14 @@ from lpt.kernels.int8_gemm import exact_routes
 FLOAT = onnx.TensorProto.FLOAT
 
 
-def model(nodes, inputs, outputs, initializers=None, opset=13, extra_opsets=None) -> onnx.ModelProto:
-    """An ONNX model; `inputs`/`outputs` are {name: shape}, `initializers` {name: array}."""
+def model(nodes, inputs, outputs, initializers=None, opset=13, extra_opsets=None, extra_inputs=None) -> onnx.ModelProto:
+    """An ONNX model; `inputs`/`outputs` are {name: shape} of float tensors, `initializers` {name: array},
+    `extra_inputs` {name: element type} of scalar inputs of another type."""
     graph = helper.make_graph(
         nodes,
         "test",
-        [helper.make_tensor_value_info(n, FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, FLOAT, s) for n, s in inputs.items()]
+        + [helper.make_tensor_value_info(n, t, []) for n, t in (extra_inputs or {}).items()],
         [helper.make_tensor_value_info(n, FLOAT, s) for n, s in outputs.items()],
         [numpy_helper.from_array(np.asarray(a), n) for n, a in (initializers or {}).items()],
     )

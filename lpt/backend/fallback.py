@@ -1,11 +1,19 @@
-"""Ops without an lpt kernel run through onnxruntime, one small session per node, built once.
+"""Ops without an lpt kernel run through onnxruntime: one session per f32 region, built from the original nodes.
 
-This is the "maintained implementation" for the f32 remainder of the graph (Softmax,
-LayerNormalization, ...) and for shape ops on integer tensors. Where onnxruntime has no
-kernel for a type (some ops on int8), ONNX's reference implementation runs the node instead.
+This is the "maintained implementation" for the part of the graph that stays in f32 (Softmax,
+LayerNormalization, a detection head, shape arithmetic...). A region is a run of such nodes
+that the plan can execute as one step; its session holds exactly those nodes, its constants as
+initializers, and declares only the element types of its inputs: onnxruntime infers every other
+type and shape itself, so a value the model left untyped costs nothing. An input whose type the
+graph does not say is typed from the first array it receives.
+
+Where onnxruntime refuses the region (an op it has no kernel for at that type), each node runs
+alone, on onnxruntime or, failing that, on ONNX's reference evaluator.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx
@@ -14,54 +22,107 @@ import onnxruntime as ort
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from lpt.graph.constants import const_array
 from lpt.reference import CUSTOM_OPS
 
-
-def _value_info(value: ir.Value) -> onnx.ValueInfoProto:
-    # Shapes are left out on purpose: the plan runs any batch size.
-    return helper.make_tensor_value_info(value.name, int(value.dtype), None)
+logger = logging.getLogger(__name__)
 
 
-def node_model(node: ir.Node, opsets: dict[str, int]) -> tuple[onnx.ModelProto, list[str]]:
-    """A model holding just `node`; constant inputs become initializers. Returns it and its runtime inputs."""
-    inputs, initializers = [], []
-    for value in node.inputs:
-        if value is None:
-            continue
-        array = const_array(value)
-        if array is not None:
-            initializers.append(onnx.numpy_helper.from_array(array, value.name))
-        elif value.name not in [i.name for i in inputs]:
-            inputs.append(_value_info(value))
-    graph = helper.make_graph([ir.serde.serialize_node(node)], node.name or node.op_type, inputs,
-                              [_value_info(v) for v in node.outputs], initializers)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-    standard = [o for o in proto.opset_import if o.domain in ("", "ai.onnx")]
-    proto.ir_version = max(7, helper.find_min_ir_version_for(standard, ignore_unknown=True))
-    return proto, [i.name for i in inputs]
+def region_inputs(nodes: list[ir.Node]) -> list[ir.Value]:
+    """Values the nodes read and do not produce, in first-use order: their inputs and what their subgraphs capture."""
+    produced = {id(v) for n in nodes for v in n.outputs}
+    seen, result = set(), []
+    for node in nodes:
+        for value in [*node.inputs, *_captured(node)]:
+            if value is not None and id(value) not in produced and id(value) not in seen:
+                seen.add(id(value))
+                result.append(value)
+    return result
 
 
-class NodeRunner:
-    """Runs one node with onnxruntime, or ONNX's reference evaluator where onnxruntime can't."""
+def _captured(node: ir.Node) -> list[ir.Value]:
+    """Outer-scope values that the subgraphs of `node` (If, Loop, Scan bodies) read."""
+    graphs = [g for a in node.attributes.values() if a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+              for g in (a.value if a.type == ir.AttributeType.GRAPHS else [a.value])]
+    if not graphs:
+        return []
+    defined, used = set(), []
+    for graph in graphs:
+        for inner in [graph, *(g for n in ir.traversal.RecursiveGraphIterator(graph) for a in n.attributes.values()
+                               if a.type == ir.AttributeType.GRAPH for g in [a.value])]:
+            defined.update(id(v) for v in [*inner.inputs, *inner.initializers.values()])
+        for n in ir.traversal.RecursiveGraphIterator(graph):
+            defined.update(id(v) for v in n.outputs)
+            used.extend(v for v in n.inputs if v is not None)
+    return [v for v in used if id(v) not in defined]
 
-    def __init__(self, node: ir.Node, opsets: dict[str, int], threads: int = 1):
-        proto, self.input_names = node_model(node, opsets)
-        self.output_names = [v.name for v in node.outputs]
+
+class RegionRunner:
+    """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it."""
+
+    def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
+                 needed_outside: set[str], threads: int = 1):
+        self.nodes, self.opsets, self.threads = nodes, opsets, threads
+        external = region_inputs(nodes)
+        self._constants = {v.name: constants[v.name] for v in external if v.name in constants}
+        self._input_values = [v for v in external if v.name not in constants and v.name]
+        self.input_names = [v.name for v in self._input_values]
+        self.output_names = [v.name for n in nodes for v in n.outputs if v.name in needed_outside]
         self.backend = "onnxruntime"
-        try:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            # Idle onnxruntime threads spin by default, and would steal the cores the int8
-            # kernels' BLAS threads run on between two fallback ops.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            self._run = lambda feeds: self._session.run(self.output_names, feeds)
-        except Exception:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for an integer type
-            self.backend = "onnx reference"
-            evaluator = ReferenceEvaluator(proto, new_ops=CUSTOM_OPS)
-            self._run = lambda feeds: evaluator.run(self.output_names, feeds)
+        self._run = None
+        if all(v.dtype is not None for v in self._input_values):
+            self._build([v.dtype for v in self._input_values])
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        if self._run is None:  # some input was untyped in the graph: its first array says the type
+            self._build([ir.DataType.from_numpy(np.asarray(a).dtype) for a in arrays])
         return self._run(dict(zip(self.input_names, arrays)))
+
+    def _build(self, dtypes: list[ir.DataType]) -> None:
+        proto = self._model(self.nodes, dtypes, self.output_names)
+        try:
+            session = _session(proto, self.threads)
+            self._run = lambda feeds: session.run(self.output_names, feeds)
+        except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: go node by node
+            if len(self.nodes) == 1:
+                logger.info("onnxruntime cannot run %s (%s): ONNX's reference evaluator runs it",
+                            self.nodes[0].name, str(err).splitlines()[0] if str(err) else type(err).__name__)
+                evaluator = ReferenceEvaluator(proto, new_ops=CUSTOM_OPS)
+                self.backend = "onnx reference"
+                self._run = lambda feeds: evaluator.run(self.output_names, feeds)
+            else:
+                self._build_node_by_node(dict(zip(self.input_names, dtypes)))
+
+    def _build_node_by_node(self, dtypes: dict[str, ir.DataType]) -> None:
+        """One runner per node, for a region onnxruntime refuses as a whole."""
+        everything = {v.name for n in self.nodes for v in n.outputs} | set(self.output_names)
+        runners = [RegionRunner([n], self.opsets, self._constants, everything, self.threads) for n in self.nodes]
+        self.backend = " + ".join(sorted({r.backend for r in runners}))
+
+        def run(feeds):
+            env = dict(feeds)
+            for runner in runners:
+                env.update(zip(runner.output_names, runner(*[env[name] for name in runner.input_names])))
+            return [env[name] for name in self.output_names]
+
+        self._run = run
+
+    def _model(self, nodes: list[ir.Node], dtypes: list[ir.DataType], outputs: list[str]) -> onnx.ModelProto:
+        inputs = [helper.make_tensor_value_info(name, int(dtype), None)  # no shapes: any batch size runs
+                  for name, dtype in zip(self.input_names, dtypes)]
+        initializers = [onnx.numpy_helper.from_array(np.asarray(a), name) for name, a in self._constants.items()]
+        graph = helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "f32_region", inputs,
+                                  [onnx.ValueInfoProto(name=name) for name in outputs], initializers)
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.opsets.items()])
+        standard = [o for o in proto.opset_import if o.domain in ("", "ai.onnx", "ai.onnx.ml")]
+        proto.ir_version = max(7, helper.find_min_ir_version_for(standard, ignore_unknown=True))
+        return proto
+
+
+def _session(proto: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle onnxruntime threads spin by default, and would steal the cores the int8
+    # kernels' threads run on between two fallback regions.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])

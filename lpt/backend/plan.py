@@ -1,12 +1,14 @@
 """compile(graph) → Plan; Plan.run(feeds) is a short loop over prepared steps.
 
 Compiling resolves each node (or fused chain of nodes) to a step once: int8 kernels with
-their weights packed and compensation precomputed (lpt.backend.int8_steps), or the fallback
-runner for ops with no int8 kernel. Intermediate buffers are dropped after their last use.
+their weights packed and compensation precomputed (lpt.backend.int8_steps), or one onnxruntime
+session per region of nodes that stay in f32 (lpt.backend.fallback).
+Intermediate buffers are dropped after their last use.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,8 +18,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from lpt.backend.fallback import NodeRunner
-from lpt.errors import DataError
+from lpt.backend.fallback import RegionRunner, region_inputs
+from lpt.errors import DataError, ModelError
 from lpt.graph.constants import const_array
 
 logger = logging.getLogger(__name__)
@@ -76,41 +78,46 @@ class Plan:
 
 
 def _typed(model: ir.Model) -> ir.Model:
-    """A copy with every value's type inferred (the fallback sessions declare input types)."""
+    """A copy with the value types onnx can infer (the int8 step builders read ranks and types)."""
     from lpt.model_io import to_proto
 
-    proto = onnx.shape_inference.infer_shapes(to_proto(model))
+    try:
+        proto = onnx.shape_inference.infer_shapes(to_proto(model))
+    except Exception as err:  # noqa: BLE001 - what it cannot infer, the f32 regions' sessions do
+        logger.info("shape inference failed before compiling (%s)", str(err).splitlines()[0] if str(err) else err)
+        return model
     return ir.serde.deserialize_model(proto)
 
 
 def compile_model(model: ir.Model, threads: int = 0) -> Plan:
-    """Resolve every node of `model` to a step; fuse the int8 chains lpt has kernels for.
+    """Resolve every node of `model` to a step: fused int8 chains on lpt's kernels, f32 regions on onnxruntime.
 
-    `threads` is the thread count of the integer GEMM and of the onnxruntime fallback (0: one per core).
+    `threads` is the thread count of the integer GEMM and of the onnxruntime sessions (0: one per core).
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
-    over both branches; then every other node in order. A fused step runs where its last node
-    stood: every input of the group is ready by then, in any topological order.
+    over both branches; then every other node in order. What no int8 step claims stays in f32,
+    and the steps are ordered (`_schedule`) so that f32 nodes run in as few regions as possible.
     """
     from lpt.backend.int8_steps import try_int8_step, try_join_step
     from lpt.backend.onnx_int8_steps import try_onnx_int8_step
+    from lpt.model_io import used_domains
 
     model = _typed(model)
     graph = model.graph
-    opsets = dict(model.opset_imports)
+    opsets = {**{d: 1 for d in used_domains(model)}, **dict(model.opset_imports)}
     constants = {name: value.const_value.numpy() for name, value in graph.initializers.items()}
-    position = {id(node): i for i, node in enumerate(graph)}
-    placed: list[tuple[int, Step]] = []
+    int8_steps: list[tuple[Step, list[ir.Node]]] = []
     claimed: set[int] = set()
 
-    def place(step: Step, nodes: list[ir.Node]) -> None:
+    def claim(step: Step, nodes: list[ir.Node]) -> None:
         claimed.update(id(n) for n in nodes)
-        placed.append((max(position[id(n)] for n in nodes), step))
+        int8_steps.append((step, nodes))
 
     for node in graph:
         fused = try_join_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
-            place(*fused)
+            claim(*fused)
+    f32_nodes = []
     for node in graph:
         if id(node) in claimed:
             continue
@@ -119,13 +126,73 @@ def compile_model(model: ir.Model, threads: int = 0) -> Plan:
             continue
         fused = try_int8_step(node, threads) or try_onnx_int8_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
-            place(*fused)
+            claim(*fused)
+        else:
+            f32_nodes.append(node)
+    outputs = [v.name for v in graph.outputs]
+    steps = []
+    for unit in _schedule(graph, int8_steps, f32_nodes):
+        if isinstance(unit, Step):
+            steps.append(unit)
             continue
-        runner = NodeRunner(node, opsets, threads)
-        place(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
-                   (node.name,), (node.op_type,), runner.backend), [node])
-    steps = [step for _, step in sorted(placed, key=lambda item: item[0])]
-    plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants],
-                [v.name for v in graph.outputs], constants)
+        inside = {id(n) for n in unit}
+        needed = {v.name for n in unit for v in n.outputs
+                  if v.name in outputs or any(id(user) not in inside for user, _ in v.uses())}  # uses: subgraphs' too
+        runner = RegionRunner(unit, opsets, constants, needed, threads)
+        steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
+                          tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))
+    plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))
     return plan
+
+
+def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32_nodes: list[ir.Node]) -> list:
+    """Int8 steps and f32 regions (lists of nodes) in an order that runs: every input is made before it is read.
+
+    A topological order of the units (int8 steps, single f32 nodes) that, while it is emitting f32
+    nodes, takes another ready f32 node before any int8 step; consecutive f32 nodes then form one
+    region. Any run of consecutive units in a topological order can execute as one step.
+    """
+    position = {id(node): i for i, node in enumerate(graph)}
+    units = [(max(position[id(n)] for n in nodes), step, nodes) for step, nodes in int8_steps]
+    units += [(position[id(n)], None, [n]) for n in f32_nodes]
+    producer = {}
+    for index, (_, _, nodes) in enumerate(units):
+        for node in nodes:
+            for value in node.outputs:
+                producer[id(value)] = index
+    waiting_on = [set() for _ in units]
+    readers = [[] for _ in units]
+    for index, (_, _, nodes) in enumerate(units):
+        for value in region_inputs(nodes):
+            source = producer.get(id(value))
+            if source is not None and source != index and source not in waiting_on[index]:
+                waiting_on[index].add(source)
+                readers[source].append(index)
+    ready = {"f32": [], "int8": []}
+    for index, (_, step, _) in enumerate(units):
+        if not waiting_on[index]:
+            heapq.heappush(ready["int8" if step is not None else "f32"], (units[index][0], index))
+    order, kind = [], "int8"
+    while ready["f32"] or ready["int8"]:
+        if not ready[kind]:
+            kind = "f32" if kind == "int8" else "int8"
+        _, index = heapq.heappop(ready[kind])
+        order.append(index)
+        for reader in readers[index]:
+            waiting_on[reader].discard(index)
+            if not waiting_on[reader]:
+                heapq.heappush(ready["int8" if units[reader][1] is not None else "f32"], (units[reader][0], reader))
+    if len(order) != len(units):
+        raise ModelError("the graph has a cycle: its nodes cannot be ordered")
+    scheduled: list = []
+    for index in order:
+        _, step, nodes = units[index]
+        if step is not None:
+            scheduled.append(step)
+        elif scheduled and isinstance(scheduled[-1], list):
+            scheduled[-1].extend(nodes)
+        else:
+            scheduled.append(list(nodes))
+    return scheduled
+

@@ -39,14 +39,10 @@ from lpt.calibration.placement import ACTIVATION, Placement, QuantizationPoint, 
 from lpt.calibration.statistics import collect
 from lpt.errors import ModelError
 from lpt.graph.fake_quantize_op import FakeQuantize
-from lpt.graph.ops import PRECISION_PRESERVING_OPS
-from lpt.model_io import clone, read_model
+from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZED_OPS
+from lpt.model_io import prepare, read_model, to_proto
 
 logger = logging.getLogger(__name__)
-
-_QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "FakeQuantize", "QLinearConv", "QLinearMatMul",
-                  "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear")
-
 
 @dataclass(frozen=True)
 class FakeQuantizedTensor:
@@ -87,7 +83,8 @@ class CalibrationResult:
 def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str = DEFAULT_PRESET,
               estimator: Estimator | str = DEFAULT_ESTIMATOR, subset_size: int = 300, ignore=(),
               bias_correction: bool = True, skip_nonfinite: bool = False, quiet: bool = False,
-              config: CalibrationConfig | None = None) -> CalibrationResult:
+              config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None
+              ) -> CalibrationResult:
     """Fake-quantize an fp32 `model` with ranges calibrated on `data`; the model given is not modified.
 
     `data`: a .npz/.npy path or a folder of them, a dict of arrays, an iterable of such dicts, or
@@ -95,7 +92,9 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     activations, the default) or "performance" (symmetric); `estimator`: minmax (default),
     mean_minmax, percentile, mse or kl; `ignore`: node names, ``re:REGEX`` or op types to leave
     in f32; `subset_size`: at most that many samples; `quiet`: no progress bar. `config` (a
-    CalibrationConfig) replaces all of these at once. Bad data raises DataError, a model that
+    CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
+    a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
+    input shapes (state [2, N, 128] → 1, a scalar → None). Bad data raises DataError, a model that
     cannot be calibrated ModelError, a bad option QuantizationError.
     """
     start = time.perf_counter()
@@ -105,7 +104,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
                                    bias_correction=bias_correction, skip_nonfinite=skip_nonfinite)
     working = _working_copy(model)
     dataset = CalibrationData(data, input_specs(working), subset_size=config.subset_size,
-                              batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite)
+                              batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite,
+                              batch_axes=batch_axes)
     placement = place(working, config.ignore)
     scheme = config.activations
 
@@ -183,12 +183,12 @@ def _serving_fq(layer: ir.Node, by_value):
 def _working_copy(model) -> ir.Model:
     """A private copy to insert FQs into (never the caller's model or file), with every node named."""
     if isinstance(model, ir.Model):
-        working = clone(model)
+        working = ir.serde.deserialize_model(prepare(to_proto(model)))
     elif isinstance(model, (str, os.PathLike)):
         working = read_model(model)
     else:
         raise ModelError(f"calibrate needs an onnx_ir Model or a path, got {type(model).__name__}")
-    quantized = sorted({n.op_type for n in working.graph if n.op_type in _QUANTIZED_OPS})
+    quantized = sorted({n.op_type for n in working.graph if n.op_type in QUANTIZED_OPS})
     if quantized:
         raise ModelError(f"the model is already quantized (it has {', '.join(quantized)}): calibrate an fp32 model")
     NameFixPass()(working)

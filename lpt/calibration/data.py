@@ -10,10 +10,16 @@ A data source is any of:
 * an iterable of such dicts (each a batch, or one sample without the batch axis);
 * a callable returning any of the above.
 
+Each input has a batch axis, or none. Samples are stacked along the batch axis (axis 0 of an
+image, axis 1 of a state declared ``[2, B, 128]``); an input without one (a scalar such as a
+sample rate ``sr``: a *fixed* input) takes exactly one value of its own shape, fed unchanged with
+every batch. `input_specs` guesses the axes from the model (see `default_batch_axis`); the caller
+overrides them with ``batch_axes={"state": 1, "sr": None}``.
+
 Every problem is a one-line `DataError`: keys that are not the model's inputs (naming the
 expected ones), a dtype that cannot be cast safely (float data for an integer input), a shape
-that does not fit, an empty dataset, NaN/Inf (refused, or those samples skipped with a warning
-when `skip_nonfinite`).
+that does not fit, inputs holding different numbers of samples, an empty dataset, NaN/Inf
+(refused, or those samples skipped with a warning when `skip_nonfinite`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import os
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,22 +38,93 @@ from lpt.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+_GUESS = "guess"  # InputSpec's default batch axis: default_batch_axis(shape)
+
+
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: name, numpy dtype, shape (None for a symbolic dim; None if unknown)."""
+    """One model input: name, numpy dtype, shape (None for a symbolic or unknown dim; None if the rank
+    is unknown) and the axis its samples are stacked along: None for a fixed input (one value, fed
+    with every batch). Left out, the batch axis is guessed from the shape (default_batch_axis)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int | None, ...] | None
+    batch_axis: int | None = _GUESS  # type: ignore[assignment]
+
+    def __post_init__(self):
+        axis = default_batch_axis(self.shape) if self.batch_axis is _GUESS else self.batch_axis
+        object.__setattr__(self, "batch_axis", self._checked_axis(axis))
 
     @property
     def batch_size(self) -> int | None:
-        """The batch dim when the model fixes it."""
-        return self.shape[0] if self.shape else None
+        """The batch dim when the model fixes it (None for a fixed input)."""
+        return None if self.shape is None or self.batch_axis is None else self.shape[self.batch_axis]
 
     def describe(self) -> str:
         dims = "?" if self.shape is None else ",".join("N" if d is None else str(d) for d in self.shape)
         return f"{self.dtype.name} [{dims}]"
+
+    def _checked_axis(self, axis) -> int | None:
+        if axis is None:
+            return None
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise DataError(f"input {self.name!r}: batch axis {axis!r} is not an integer or None")
+        if self.shape is None:
+            if axis < 0:
+                raise DataError(f"input {self.name!r}: batch axis {axis} counts from the end, but the model does "
+                                "not declare the input's rank")
+            return int(axis)
+        if not -len(self.shape) <= axis < len(self.shape):
+            raise DataError(f"input {self.name!r}: its {self.describe()} has no axis {axis} to hold samples "
+                            "(None: a fixed input)")
+        return int(axis) % len(self.shape)
+
+
+def default_batch_axis(shape: tuple[int | None, ...] | None) -> int | None:
+    """The batch axis a shape suggests. Rank 0: None (a fixed input). Else axis 0, unless dim 0 is
+    fixed above 1 and a later dim is not: then the first such dim (state [2, N, 128] → 1). A dim 0
+    fixed at 1 is a batch of one ([1, 1, 64, W] → 0, not the symbolic width)."""
+    if shape is None:
+        return 0
+    if not shape:
+        return None
+    if shape[0] is not None and shape[0] > 1:
+        return next((i for i, d in enumerate(shape) if d is None), 0)
+    return 0
+
+
+def with_batch_axes(specs: Iterable[InputSpec], batch_axes: Mapping[str, int | None] | None) -> list[InputSpec]:
+    """`specs` with the caller's batch axes ({input name: axis, or None for a fixed input}) for the guessed ones."""
+    specs = list(specs)
+    if not batch_axes:
+        return specs
+    names = [s.name for s in specs]
+    unknown = [str(k) for k in batch_axes if k not in names]
+    if unknown:
+        raise DataError(f"a batch axis is given for {', '.join(unknown)}, not an input of the model; the model "
+                        f"expects inputs: {', '.join(names)}")
+    return [replace(s, batch_axis=batch_axes[s.name]) if s.name in batch_axes else s for s in specs]
+
+
+def parse_batch_axes(items: Iterable[str]) -> dict[str, int | None]:
+    """The CLI's --batch-axis NAME=AXIS options ("state=1", "sr=none") as {name: axis or None}."""
+    axes: dict[str, int | None] = {}
+    for item in items:
+        name, sep, axis = item.partition("=")
+        name, axis = name.strip(), axis.strip().lower()
+        if not sep or not name or not axis:
+            raise DataError(f"--batch-axis {item!r}: expected NAME=AXIS (AXIS an integer, or none for a fixed input)")
+        if name in axes:
+            raise DataError(f"--batch-axis: input {name!r} is given twice")
+        if axis == "none":
+            axes[name] = None
+            continue
+        try:
+            axes[name] = int(axis)
+        except ValueError:
+            raise DataError(f"--batch-axis {item!r}: AXIS must be an integer, or none for a fixed input") from None
+    return axes
 
 
 def data_beside(model: str | os.PathLike) -> Path:
@@ -78,16 +155,27 @@ def split_labels(data, labels: str | None, input_names: list[str]):
 
 
 def input_specs(model: ir.Model) -> list[InputSpec]:
-    """The inputs a caller must feed (initializers listed as inputs are not among them)."""
-    specs = []
+    """The inputs a caller must feed (initializers listed as inputs are not among them), with their
+    batch axes: the dim named like another input's batch dim where there is one (state
+    [2, batch, 128] beside input [batch, T] → 1), else default_batch_axis. A dim that is
+    symbolic, unknown or not positive (-1, 0) is None."""
+    found = []
     for value in model.graph.inputs:
         if value.const_value is not None or value.is_initializer():
             continue
         dtype = np.dtype(value.dtype.numpy()) if value.dtype is not None else np.dtype(np.float32)
-        shape = None
+        shape = names = None
         if value.shape is not None:
-            shape = tuple(d if isinstance(d, int) else None for d in value.shape)
-        specs.append(InputSpec(value.name, dtype, shape))
+            shape = tuple(d if isinstance(d, int) and d > 0 else None for d in value.shape)
+            names = tuple(d.value if isinstance(d, ir.SymbolicDim) else None for d in value.shape)
+        found.append((InputSpec(value.name, dtype, shape), names))
+    batch_names = {spec.name: names[spec.batch_axis] for spec, names in found
+                   if names is not None and spec.batch_axis is not None and names[spec.batch_axis]}
+    specs = []
+    for spec, names in found:
+        shared = {n for other, n in batch_names.items() if other != spec.name}
+        axis = next((i for i, n in enumerate(names or ()) if n in shared), spec.batch_axis)
+        specs.append(spec if axis == spec.batch_axis else replace(spec, batch_axis=axis))
     return specs
 
 
@@ -96,12 +184,14 @@ class CalibrationData:
 
     Iterate `batches()` as often as needed (a one-shot iterator source yields once).
     `count` is how many samples the last full pass yielded, `skipped` how many it dropped.
+    `batch_axes` ({input name: axis, or None for a fixed input}) overrides the specs' batch axes.
     """
 
     def __init__(self, source, specs: list[InputSpec], *, subset_size: int | None = None, batch_size: int = 32,
-                 skip_nonfinite: bool = False):
+                 skip_nonfinite: bool = False, batch_axes: Mapping[str, int | None] | None = None):
         if not specs:
             raise DataError("the model has no inputs to feed")
+        specs = with_batch_axes(specs, batch_axes)
         self.specs = {s.name: s for s in specs}
         self.subset_size = subset_size
         fixed = {s.batch_size for s in specs if s.batch_size is not None}
@@ -123,12 +213,14 @@ class CalibrationData:
         return n if self.subset_size is None else min(n, self.subset_size)
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
-        """Checked batches of `batch_size` samples (the last may be shorter), cast to the input dtypes."""
+        """Checked batches of `batch_size` samples (the last may be shorter), cast to the input dtypes:
+        each batched input's samples on its batch axis, each fixed input's one value as given."""
         count = skipped = 0
         pending: list[dict[str, np.ndarray]] = []
         pending_rows = 0
         limit = self.subset_size
-        for chunk in self._checked_chunks():
+        fixed_values: dict[str, np.ndarray] = {}  # the fixed inputs', filled by the first chunk
+        for chunk in self._checked_chunks(fixed_values):
             chunk, dropped = self._finite(chunk, count + skipped)
             skipped += dropped
             rows = _rows(chunk)
@@ -144,7 +236,7 @@ class CalibrationData:
             while pending_rows >= self.batch_size:
                 batch, pending, pending_rows = _take(pending, self.batch_size)
                 count += self.batch_size
-                yield batch
+                yield self._feeds(batch, fixed_values)
             if limit is not None and count + pending_rows >= limit:
                 break
         if pending_rows:
@@ -155,7 +247,7 @@ class CalibrationData:
             else:
                 batch, _, _ = _take(pending, pending_rows)
                 count += pending_rows
-                yield batch
+                yield self._feeds(batch, fixed_values)
         self.count, self.skipped = count, skipped
         if skipped:
             logger.warning("skipped %d samples holding NaN or Inf", skipped)
@@ -163,13 +255,40 @@ class CalibrationData:
             why = f" ({skipped} samples skipped for NaN/Inf)" if skipped else ""
             raise DataError(f"empty dataset: {self.label} holds no samples{why}")
 
-    # -- internals
+    def samples_in(self, batch: dict[str, np.ndarray]) -> int:
+        """How many samples a batch of `batches()` holds (along the first batched input's axis; 1 if none)."""
+        for name, spec in self.specs.items():
+            if spec.batch_axis is not None:
+                return batch[name].shape[spec.batch_axis]
+        return 1
 
-    def _checked_chunks(self) -> Iterator[dict[str, np.ndarray]]:
-        for chunk in _chunks(self.source, self.specs, self.batch_size):
-            yield self._check(chunk)
+    def collect(self) -> dict[str, np.ndarray]:
+        """Every batch as one dict (see `concatenate`)."""
+        return concatenate(self.batches(), self.specs.values())
 
-    def _check(self, chunk) -> dict[str, np.ndarray]:
+    # -- internals: a chunk holds the batched inputs only, their samples moved to axis 0
+
+    def _checked_chunks(self, fixed: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        """Checked chunks; the fixed inputs' values go to `fixed` (the first chunk's; later ones must agree)."""
+        for number, chunk in enumerate(_chunks(self.source, self.specs, self.batch_size)):
+            rows, values = self._check(chunk)
+            for name, value in values.items():
+                if number == 0:
+                    if value.dtype.kind == "f" and not np.isfinite(value).all():
+                        raise DataError(f"input {name!r}: its fixed value holds NaN or Inf")
+                    fixed[name] = value
+                elif value is not fixed[name] and not np.array_equal(value, fixed[name]):
+                    raise DataError(f"input {name!r}: a fixed input takes one value for all the data, but chunk "
+                                    f"{number + 1} of {self.label} gives another")
+            yield rows
+
+    def _feeds(self, rows: dict[str, np.ndarray], fixed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A batch as the model takes it: samples back on each input's batch axis, fixed values added."""
+        return {name: fixed[name] if spec.batch_axis is None else _on_axis(rows[name], spec.batch_axis)
+                for name, spec in self.specs.items()}
+
+    def _check(self, chunk) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(batched inputs with their samples moved to axis 0, fixed inputs' values), checked and cast."""
         if not isinstance(chunk, Mapping):
             raise DataError(f"{self.label}: expected a dict of arrays keyed by input name, got {type(chunk).__name__}")
         expected = ", ".join(self.specs)
@@ -182,10 +301,10 @@ class CalibrationData:
             raise DataError(f"{self.label}: no data for input(s) {', '.join(missing)}; the model expects "
                             f"inputs: {expected}")
         out = {name: self._cast(self.specs[name], chunk[name]) for name in self.specs}
-        rows = {name: len(a) for name, a in out.items()}
-        if len(set(rows.values())) > 1:
-            raise DataError(f"{self.label}: inputs hold different numbers of samples {rows}")
-        return out
+        axes = {name: s.batch_axis for name, s in self.specs.items() if s.batch_axis is not None}
+        _same_counts(self.label, {name: out[name].shape[axis] for name, axis in axes.items()}, axes)
+        rows = {name: np.moveaxis(out[name], axis, 0) for name, axis in axes.items()}
+        return rows, {name: a for name, a in out.items() if name not in axes}
 
     def _cast(self, spec: InputSpec, array) -> np.ndarray:
         try:
@@ -199,21 +318,33 @@ class CalibrationData:
         ):
             raise DataError(f"input {spec.name!r}: {array.dtype} data cannot be cast safely to the model's "
                             f"{spec.dtype.name} (pass {spec.dtype.name} values)")
+        axis = spec.batch_axis
         if spec.shape is not None:
-            if array.ndim == len(spec.shape) - 1:
-                array = array[None]  # one sample without its batch axis
+            if axis is not None and array.ndim == len(spec.shape) - 1:
+                array = np.expand_dims(array, axis)  # one sample without its batch axis
+            if axis is None and array.ndim > len(spec.shape):
+                more = array.ndim - len(spec.shape)
+                raise DataError(f"input {spec.name!r} is fixed (no batch axis): it takes one {spec.describe()} value, "
+                                f"but the data has shape {list(array.shape)} ({more} ax{'is' if more == 1 else 'es'} "
+                                f"more); give one value, or its batch axis (--batch-axis {spec.name}=AXIS, "
+                                f"batch_axes={{{spec.name!r}: AXIS}})")
             if array.ndim != len(spec.shape) or any(
-                d is not None and d != a for d, a in zip(spec.shape[1:], array.shape[1:])
+                d is not None and d != a for i, (d, a) in enumerate(zip(spec.shape, array.shape)) if i != axis
             ):
+                where = ("batch dim first" if axis == 0 else "a fixed input: one value, no batch axis" if axis is None
+                         else f"batch on axis {axis}")
                 raise DataError(f"input {spec.name!r}: data of shape {list(array.shape)} does not fit the "
-                                f"model's {spec.describe()} (batch dim first)")
-        elif array.ndim == 0:
-            raise DataError(f"input {spec.name!r}: a scalar is not a batch of samples")
+                                f"model's {spec.describe()} ({where})")
+        elif axis is not None and array.ndim <= axis:
+            if array.ndim == 0:
+                raise DataError(f"input {spec.name!r}: a scalar is not a batch of samples")
+            raise DataError(f"input {spec.name!r}: data of shape {list(array.shape)} has no axis {axis} to hold "
+                            "its samples")
         if spec.dtype.kind in "iu" and array.dtype != spec.dtype and array.size:
             info = np.iinfo(spec.dtype)
             if array.min() < info.min or array.max() > info.max:
                 raise DataError(f"input {spec.name!r}: values outside {spec.dtype.name}'s range")
-        return np.ascontiguousarray(array, dtype=spec.dtype)
+        return np.asarray(array, dtype=spec.dtype, order="C")  # (ascontiguousarray makes a scalar 1-d)
 
     def _finite(self, chunk: dict[str, np.ndarray], first: int) -> tuple[dict[str, np.ndarray], int]:
         """Refuse (or drop, when skipping) the samples that hold NaN or Inf."""
@@ -233,8 +364,41 @@ class CalibrationData:
         return {k: v[~bad] for k, v in chunk.items()}, int(bad.sum())
 
 
+def concatenate(batches: Iterable[dict[str, np.ndarray]], specs: Iterable[InputSpec]) -> dict[str, np.ndarray]:
+    """Batches of inputs back into one dict: each batched input concatenated along its batch axis, a
+    fixed input's one value kept (a name without a spec: axis 0)."""
+    batches = list(batches)
+    axes = {s.name: s.batch_axis for s in specs}
+    return {name: batches[0][name] if axes.get(name, 0) is None
+            else np.concatenate([b[name] for b in batches], axis=axes.get(name, 0))
+            for name in batches[0]}
+
+
+def _same_counts(label: str, counts: dict[str, int], axes: dict[str, int]) -> None:
+    """Every batched input holds as many samples (`counts`, along their batch `axes`) as the first."""
+    if not counts:
+        return
+    first, n = next(iter(counts.items()))
+    for name, count in counts.items():
+        if count != n:
+            raise DataError(f"{label}: input {name!r} holds {count} samples (on its batch axis {axes[name]}) but "
+                            f"input {first!r} holds {n} (on axis {axes[first]}); check the batch axes "
+                            "(--batch-axis NAME=AXIS, batch_axes={NAME: AXIS})")
+
+
+def _on_axis(array: np.ndarray, axis: int) -> np.ndarray:
+    """Samples from axis 0 back to `axis`."""
+    return array if axis == 0 else np.ascontiguousarray(np.moveaxis(array, 0, axis))
+
+
+def _along(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """Samples start:stop of `array` along `axis`."""
+    return array[(slice(None),) * axis + (slice(start, stop),)]
+
+
 def _rows(chunk: dict[str, np.ndarray]) -> int:
-    return len(next(iter(chunk.values())))
+    """Samples in a chunk; a chunk without a batched input (every input fixed) is one sample."""
+    return len(next(iter(chunk.values()))) if chunk else 1
 
 
 def _take(pending: list[dict[str, np.ndarray]], n: int):
@@ -298,30 +462,60 @@ def _data_files(folder: Path) -> list[Path]:
     return files
 
 
+def _single_spec(specs: dict[str, InputSpec]) -> InputSpec | None:
+    return next(iter(specs.values())) if len(specs) == 1 else None
+
+
+def _stream_axis(shape: tuple[int, ...], spec: InputSpec | None) -> int | None:
+    """The axis an array of `shape` feeding `spec` holds its samples on (0 for a key that is no input);
+    None when the array is one value: a fixed input's, one sample without its batch axis, or an
+    array lacking that axis (which _cast refuses)."""
+    axis = 0 if spec is None else spec.batch_axis
+    if axis is None or axis >= len(shape):
+        return None
+    if spec is not None and spec.shape is not None and len(shape) == len(spec.shape) - 1:
+        return None
+    return axis
+
+
+def _samples(shape: tuple[int, ...], spec: InputSpec | None) -> int | None:
+    """How many samples an array of `shape` holds for `spec`; None for a fixed input's value."""
+    if spec is not None and spec.batch_axis is None:
+        return None
+    axis = _stream_axis(shape, spec)
+    return 1 if axis is None else shape[axis]
+
+
 def _file_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """The file's samples, `rows` at a time (one batch: memory does not grow with the file)."""
+    """The file's samples, `rows` at a time along each input's batch axis (one batch: memory does not
+    grow with the file); a fixed input's value whole, with every chunk."""
     if path.suffix == ".npy":
-        array = _open_npy(path)
-        for start in range(0, max(len(array), 1), rows):
-            yield _single_input(np.asarray(array[start:start + rows]), specs, str(path))
+        spec = _single_spec(specs)
+        array = _open_npy(path, batched=spec is None or spec.batch_axis is not None)
+        axis = _stream_axis(array.shape, spec)
+        if axis is None:
+            yield _single_input(np.asarray(array), specs, str(path))
+            return
+        for start in range(0, max(array.shape[axis], 1), rows):  # a memory map: only this slice is read
+            yield _single_input(np.asarray(_along(array, axis, start, start + rows)), specs, str(path))
     elif path.suffix == ".npz":
-        yield from _npz_chunks(path, rows)
+        yield from _npz_chunks(path, specs, rows)
     else:
         raise DataError(f"{path}: not a .npz or .npy file")
 
 
-def _open_npy(path: Path) -> np.ndarray:
+def _open_npy(path: Path, batched: bool = True) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise DataError(f"{path}: not a readable .npy file ({_first_line(err)})") from None
-    if array.ndim == 0:
+    if array.ndim == 0 and batched:
         raise DataError(f"{path}: holds a scalar, not a batch of samples")
     return array
 
 
-def _npz_chunks(path: Path, rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """Every array in the .npz, `rows` rows at a time, read straight from the zip members."""
+def _npz_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """Every array in the .npz, `rows` samples at a time, read straight from the zip members."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as err:
@@ -330,21 +524,29 @@ def _npz_chunks(path: Path, rows: int) -> Iterator[dict[str, np.ndarray]]:
         members = [m for m in archive.namelist() if m.endswith(".npy")]
         if not members:
             raise DataError(f"empty dataset: {path} holds no arrays")
-        readers = {m[:-4]: _NpyMember(archive, m, path) for m in members}
+        readers = {m[:-4]: _NpyMember(archive, m, path, specs.get(m[:-4])) for m in members}
         try:
-            n = max(r.rows for r in readers.values())
-            for start in range(0, n, rows):
-                yield {k: r.read(min(rows, r.rows - start)) if start < r.rows else r.read(0)
-                       for k, r in readers.items()}
+            batched = {k: r for k, r in readers.items() if r.rows is not None}
+            inputs = {k: r for k, r in batched.items() if k in specs}
+            _same_counts(str(path), {k: r.rows for k, r in inputs.items()}, {k: specs[k].batch_axis for k in inputs})
+            n = max((r.rows for r in batched.values()), default=1)
+            for _ in range(0, n, rows):
+                yield {k: r.read(rows) for k, r in readers.items()}
         finally:
             for r in readers.values():
                 r.close()
 
 
 class _NpyMember:
-    """A .npy inside a zip, read a few rows at a time (no pickles: object arrays are refused)."""
+    """A .npy inside a zip, read a few samples at a time (no pickles: object arrays are refused).
 
-    def __init__(self, archive: zipfile.ZipFile, member: str, path: Path):
+    Only samples on axis 0 of a C-order array are streamed. A fixed input's value (or one sample
+    without its batch axis) is read whole and given with every read; so are column-major arrays
+    and arrays whose samples lie on another axis (a state [2, N, 128]): their samples are not
+    contiguous in the file, and the zip stream cannot seek back for each batch.
+    """
+
+    def __init__(self, archive: zipfile.ZipFile, member: str, path: Path, spec: InputSpec | None):
         self.where = f"{path}[{member[:-4]}]"
         self.file = archive.open(member)
         try:
@@ -353,14 +555,16 @@ class _NpyMember:
             raise DataError(f"{self.where}: not a readable array ({_first_line(err)})") from None
         if dtype.hasobject:
             raise DataError(f"{self.where}: holds Python objects; only numeric arrays are read (no pickles)")
-        if not shape:
+        if not shape and (spec is None or spec.batch_axis is not None):
             raise DataError(f"{self.where}: holds a scalar, not a batch of samples")
         self.shape, self.dtype = shape, dtype
-        self.rows = shape[0]
+        self.axis = _stream_axis(shape, spec)
+        self.rows = _samples(shape, spec)  # None: a fixed input's value
         self.whole = None
-        if fortran and len(shape) > 1:  # column-major: rows are not contiguous, read it whole
-            self.whole = np.frombuffer(self._read_bytes(int(np.prod(shape)) * dtype.itemsize), dtype)
-            self.whole = self.whole.reshape(shape[::-1]).T
+        if self.axis != 0 or (fortran and len(shape) > 1):
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self.whole = np.frombuffer(self._read_bytes(size), dtype)
+            self.whole = self.whole.reshape(shape[::-1]).T if fortran else self.whole.reshape(shape)
         self.done = 0
 
     def _read_bytes(self, n: int) -> bytes:
@@ -370,9 +574,12 @@ class _NpyMember:
         return data
 
     def read(self, n: int) -> np.ndarray:
+        """The next `n` samples (fewer at the end), or the whole value when it is one."""
+        if self.axis is None:
+            return self.whole
         n = max(0, min(n, self.rows - self.done))
         if self.whole is not None:
-            out = self.whole[self.done:self.done + n]
+            out = _along(self.whole, self.axis, self.done, self.done + n)
         else:
             row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
             out = np.frombuffer(self._read_bytes(n * row), self.dtype).reshape((n, *self.shape[1:]))
@@ -397,32 +604,36 @@ def _known_length(source, specs: dict[str, InputSpec]) -> int | None:
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             files = _data_files(path) if path.is_dir() else [path]
-            return sum(_file_length(f) for f in files)
+            return sum(_file_length(f, specs) for f in files)
+        batched = [s for s in specs.values() if s.batch_axis is not None]
+        if not batched:
+            return None
         if isinstance(source, np.ndarray):
-            return len(source) if source.ndim else None
+            return _samples(source.shape, batched[0]) if source.ndim and len(specs) == 1 else None
         if isinstance(source, Mapping):
-            arrays = [np.asarray(v) for v in source.values()]
-            spec = next(iter(specs.values()))
-            first = np.asarray(source.get(spec.name, arrays[0] if arrays else None))
-            if spec.shape is not None and first.ndim == len(spec.shape) - 1:
-                return 1
-            return len(first) if first.ndim else None
-    except (DataError, OSError, ValueError, TypeError, zipfile.BadZipFile):
+            first = np.asarray(source[batched[0].name])
+            return _samples(first.shape, batched[0]) if first.ndim else None
+    except (KeyError, DataError, OSError, ValueError, TypeError, zipfile.BadZipFile):
         return None
     return None
 
 
-def _file_length(path: Path) -> int:
+def _file_length(path: Path, specs: dict[str, InputSpec]) -> int:
     if path.suffix == ".npy":
-        return len(_open_npy(path))
+        spec = _single_spec(specs)
+        samples = _samples(_open_npy(path, batched=False).shape, spec)
+        return 1 if samples is None else samples
     with zipfile.ZipFile(path) as archive:
-        rows = []
+        rows, arrays = [], 0
         for member in archive.namelist():
             if member.endswith(".npy"):
+                arrays += 1
                 with archive.open(member) as f:
                     shape, _, _ = _read_header(f)
-                    rows.append(shape[0] if shape else 0)
-        return max(rows, default=0)
+                    samples = _samples(shape, specs.get(member[:-4]))
+                    if samples is not None:
+                        rows.append(samples)
+        return max(rows, default=1 if arrays else 0)
 
 
 def _label(source) -> str:

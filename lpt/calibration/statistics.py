@@ -52,7 +52,7 @@ def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData,
                 for collector in tensor_collectors:
                     collector.update(values[name] if name in values else batch[name])
             del values
-            advance(len(next(iter(batch.values()))))
+            advance(data.samples_in(batch))
     for name, tensor_collectors in collectors.items():
         nonfinite = max(c.nonfinite for c in tensor_collectors)
         if nonfinite:

@@ -9,3 +9,8 @@ PRECISION_PRESERVING_OPS = (
     "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad",
     "Resize", "DepthToSpace", "SpaceToDepth", "Gather", "Identity",
 )
+
+# Ops that say a model is quantized already (statically, or dynamically as onnxruntime's
+# quantize_dynamic writes it: DynamicQuantizeLinear + ConvInteger/MatMulInteger).
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "FakeQuantize", "QLinearConv", "QLinearMatMul",
+                 "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear")

@@ -55,8 +55,8 @@ class FakeQuantizeDecomposition(LayerTransformation):
         fq = read_fake_quantize(node)
         if fq is None:
             return Check.fail("FakeQuantize limits are not constants")
-        if node.inputs[0].shape is None:
-            return Check.fail("the input's rank is unknown")
+        if node.inputs[0].shape is None and np.size(fq.input_low) > 1:
+            return Check.fail("per-channel limits on an input of unknown rank")
         if fq.scale is None:
             if fq.levels not in (255, 256):
                 return Check.fail(f"levels {fq.levels} is not an 8-bit range (255 or 256)")
@@ -67,7 +67,7 @@ class FakeQuantizeDecomposition(LayerTransformation):
     def transform(self, node: ir.Node) -> None:
         graph, x = node.graph, node.inputs[0]
         fq = read_fake_quantize(node)
-        rank = len(x.shape)
+        rank = len(x.shape) if x.shape is not None else 0  # unknown only where the limits are per tensor
         scale, shift, dtype = dequantization_of(fq, rank)
         qmin, qmax = fq.integer_range
         name = node.name or f"{x.name}/fq"

@@ -1,5 +1,6 @@
 """The runtime stage, written out: which low precision transformations run, in what order.
 
+0. prerequisites: every node and value gets a unique name;
 1. decomposition: weights fold into integer constants; activation FakeQuantizes split into
    quantize + dequantize;
 2. main: dequantizations move down through the graph, repeated until nothing changes, so a
@@ -16,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass
 
 from lpt.transformations.base import LayerTransformation
 from lpt.transformations.clip import ClipTransformation
@@ -60,6 +61,7 @@ class TransformResult:
 def transform(model: ir.Model, transformations=DECOMPOSITION + MAIN) -> TransformResult:
     """Run the low precision transformations on `model` in place."""
     result = TransformResult(model)
+    NameFixPass()(model)  # the rewrites name what they add after the node they rewrite: names must be unique
 
     def run(cls: type[LayerTransformation]) -> bool:
         instance = cls()

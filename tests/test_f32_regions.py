@@ -1,0 +1,179 @@
+"""What stays in f32 runs as onnxruntime regions: untyped values, heads after int8 layers, subgraphs."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import lpt
+from lpt.backend import compile_model
+from lpt.crosscheck import run_onnxruntime
+from lpt.normalize import normalize
+from tests.graphs import ir_model, model
+from tests.transformations.builders import RNG, Graph
+
+
+def regions(plan):
+    return [s.op_types for s in plan.steps if s.backend != "int8 kernel"]
+
+
+def test_a_head_whose_values_have_no_type_runs_as_one_region():
+    """com.microsoft's Gelu is onnxruntime's, unknown to onnx's shape inference: every value after it is untyped."""
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 3, 3)), g.const(np.ones(4, np.float32))],
+                pads=[1, 1, 1, 1])
+    relu = g.fq(g.op("Relu", [conv]), 0.03, np.uint8(0))
+    gelu = g.op("Gelu", [relu])
+    g.nodes[-1].domain = "com.microsoft"
+    soft = g.op("Softmax", [gelu], axis=1)
+    g.op("Reshape", [soft, g.const(np.array([2, -1], np.int64))], name="y")
+    proto, fq_model = g.build({"x": [2, 3, 8, 8]}, ["y"], output_shapes={"y": [2, 256]}, extra_opsets={"com.microsoft": 1})
+    assert not any(v.name == soft for v in onnx.shape_inference.infer_shapes(proto).graph.value_info)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert regions(plan) == [("Gelu", "Softmax", "Reshape")]
+    x = RNG.uniform(-2, 2, (2, 3, 8, 8)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    reference = run_onnxruntime(fq_model, {"x": x})["y"]
+    assert ours.shape == reference.shape == (2, 256)
+    np.testing.assert_allclose(ours, reference, atol=1e-3)  # the int8 layer is within 1 LSB (0.03) at ties
+
+
+def test_f32_nodes_on_both_sides_of_an_int8_step_run_in_order():
+    """Sigmoid(x) feeds the int8 conv and, past it, an Add: it cannot share a region with that Add."""
+    g = Graph()
+    squashed = g.op("Sigmoid", ["x"])
+    conv = g.op("Conv", [g.fq(squashed, 1 / 255, np.uint8(0)), g.weight((3, 3, 1, 1))])
+    g.op("Add", [g.fq(conv, 0.02, np.uint8(128)), squashed], name="y")
+    _, fq_model = g.build({"x": [1, 3, 4, 4]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert regions(plan) == [("Sigmoid",), ("Add",)]
+    x = RNG.uniform(-2, 2, (1, 3, 4, 4)).astype(np.float32)
+    # ONNX's reference Sigmoid and onnxruntime's may differ in the last bit
+    np.testing.assert_allclose(plan.run({"x": x})["y"], lpt.run_reference(int8, {"x": x})["y"], rtol=1e-6)
+
+
+def test_a_subgraph_reads_a_value_another_step_made():
+    """An If whose branches read the int8 layer's output from the outer scope."""
+    g = Graph()
+    conv = g.fq(g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((2, 3, 1, 1))]), 0.03, np.uint8(128))
+    branch = lambda op, out: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, [conv], [out])], op, [], [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None)])
+    g.nodes.append(helper.make_node("If", ["flag"], ["y"], name="if", then_branch=branch("Relu", "r"),
+                                    else_branch=branch("Neg", "n")))
+    proto = model(g.nodes, {"x": [1, 3, 2, 2]}, {"y": None}, g.inits, opset=17, extra_inputs={"flag": onnx.TensorProto.BOOL})
+    fq_model = ir_model(proto)
+    normalize(fq_model)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    x = RNG.uniform(-2, 2, (1, 3, 2, 2)).astype(np.float32)
+    for value in (True, False):
+        feeds = {"x": x, "flag": np.array(value)}
+        np.testing.assert_array_equal(plan.run(feeds)["y"], lpt.run_reference(int8, feeds)["y"])
+
+
+def yolo_head_model(path):
+    """YOLOv5's Detect on two levels: Conv → Reshape [N, 3, 7, H, W] → Transpose → Sigmoid → Split (xy, wh, conf)
+    → xy·2 − 0.5 + grid, (wh·2)² · anchors → Concat → Reshape [N, 3HW, 7]; the levels concatenated."""
+    rng = np.random.default_rng(1)
+    inits = {"split": np.array([2, 2, 3], np.int64), "two": np.array(2, np.float32), "half": np.array(0.5, np.float32)}
+    nodes, levels = [], []
+    for level, (size, stride) in enumerate([(8, 2), (4, 4)]):
+        def n(name):
+            return f"l{level}_{name}"
+
+        inits.update({n("w"): rng.normal(0, 0.3, (21, 3, 3, 3)).astype(np.float32),
+                      n("b"): rng.normal(0, 0.1, 21).astype(np.float32),
+                      n("grid_shape"): np.array([-1, 3, 7, size, size], np.int64),
+                      n("grid"): rng.uniform(0, size, (1, 3, size, size, 2)).astype(np.float32),
+                      n("anchors"): rng.uniform(1, 5, (1, 3, 1, 1, 2)).astype(np.float32),
+                      n("rows"): np.array([-1, 3 * size * size, 7], np.int64)})
+        nodes += [helper.make_node("Conv", ["x", n("w"), n("b")], [n("conv")], pads=[1, 1, 1, 1], strides=[stride] * 2),
+                  helper.make_node("Reshape", [n("conv"), n("grid_shape")], [n("cells")]),
+                  helper.make_node("Transpose", [n("cells")], [n("last")], perm=[0, 1, 3, 4, 2]),
+                  helper.make_node("Sigmoid", [n("last")], [n("s")]),
+                  helper.make_node("Split", [n("s"), "split"], [n("xy"), n("wh"), n("conf")], axis=4),
+                  helper.make_node("Mul", [n("xy"), "two"], [n("xy2")]),
+                  helper.make_node("Sub", [n("xy2"), "half"], [n("xy3")]),
+                  helper.make_node("Add", [n("xy3"), n("grid")], [n("xy4")]),
+                  helper.make_node("Mul", [n("wh"), "two"], [n("wh2")]),
+                  helper.make_node("Pow", [n("wh2"), "two"], [n("wh3")]),
+                  helper.make_node("Mul", [n("wh3"), n("anchors")], [n("wh4")]),
+                  helper.make_node("Concat", [n("xy4"), n("wh4"), n("conf")], [n("boxes")], axis=4),
+                  helper.make_node("Reshape", [n("boxes"), n("rows")], [n("out")])]
+        levels.append(n("out"))
+    nodes.append(helper.make_node("Concat", levels, ["y"], axis=1))
+    onnx.save(model(nodes, {"x": ["N", 3, 16, 16]}, {"y": None}, inits, opset=13), path)
+
+
+def test_a_detection_head_quantizes_and_keeps_every_rank(tmp_path):
+    yolo_head_model(tmp_path / "head.onnx")
+    data = {"x": RNG.uniform(0, 1, (8, 3, 16, 16)).astype(np.float32)}
+    result = lpt.quantize(tmp_path / "head.onnx", data, subset_size=8)
+    ours = result.run(data)["y"]
+    fp32 = run_onnxruntime(lpt.read_model(tmp_path / "head.onnx"), data)["y"]
+    assert ours.shape == fp32.shape == (8, 240, 7)
+    assert result.report.agreement.outputs["y"].sqnr_db > 30
+    assert result.report.check.max_lsb <= 1
+
+
+def test_a_third_party_qdq_detection_head_runs_on_lpt(tmp_path):
+    """onnxruntime's quantize_static around every op of the head: unnamed nodes, many DQ → op → Q chains."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([{"x": data["x"][i:i + 1]} for i in range(len(data["x"]))])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    yolo_head_model(tmp_path / "head.onnx")
+    data = {"x": RNG.uniform(0, 1, (8, 3, 16, 16)).astype(np.float32)}
+    quantize_static(str(tmp_path / "head.onnx"), str(tmp_path / "head.qdq.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, op_types_to_quantize=["Conv", "Reshape", "Transpose", "Sigmoid", "Split", "Mul",
+                                                            "Add", "Sub", "Pow", "Concat"])
+    result = lpt.quantize(tmp_path / "head.qdq.onnx", data, subset_size=8)
+    assert result.report.calibration is None  # already fake-quantized
+    assert result.run(data)["y"].shape == (8, 240, 7)
+    assert result.report.check.max_lsb <= 1
+
+
+@pytest.mark.parametrize("opset", [11, 12])
+def test_an_old_opset_model_gets_per_channel_weights_at_opset_13(tmp_path, opset):
+    rng = np.random.default_rng(2)
+    inits = {"w": rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "b": rng.normal(0, 0.1, 4).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    onnx.save(model(nodes, {"x": ["N", 3, 8, 8]}, {"y": None}, inits, opset=opset), tmp_path / "old.onnx")
+    data = {"x": RNG.uniform(-1, 1, (4, 3, 8, 8)).astype(np.float32)}
+    result = lpt.quantize(tmp_path / "old.onnx", data, subset_size=4)
+    fq_path, _ = result.save(tmp_path / "old")
+    saved = onnx.load(fq_path)
+    onnx.checker.check_model(saved, full_check=True)
+    assert next(o.version for o in saved.opset_import if o.domain == "") == 13
+    assert any(n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute) for n in saved.graph.node)
+    run_onnxruntime(saved, data)  # loads and runs
+    assert result.report.check.max_lsb <= 1
+
+
+def test_a_dynamically_quantized_model_runs_as_it_is(tmp_path):
+    """onnxruntime's quantize_dynamic output (DynamicQuantizeLinear + ConvInteger): no calibration, lpt's backend."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "b": rng.normal(0, 0.1, 4).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    onnx.save(model(nodes, {"x": ["N", 3, 8, 8]}, {"y": None}, inits, opset=13), tmp_path / "fp32.onnx")
+    quantize_dynamic(tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx", op_types_to_quantize=["Conv"])
+    assert "ConvInteger" in {n.op_type for n in onnx.load(tmp_path / "dynamic.onnx").graph.node}
+    data = {"x": RNG.uniform(-1, 1, (4, 3, 8, 8)).astype(np.float32)}
+    result = lpt.quantize(tmp_path / "dynamic.onnx", data, subset_size=4)
+    assert result.report.calibration is None
+    assert ("DynamicQuantizeLinear",) in [s.op_types[:1] for s in result.plan.steps if s.backend == "int8 kernel"]
+    ours = result.run(data)["y"]
+    np.testing.assert_allclose(ours, lpt.run_reference(lpt.read_model(tmp_path / "dynamic.onnx"), data)["y"],
+                               rtol=1e-5, atol=1e-5)
