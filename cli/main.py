@@ -28,14 +28,19 @@ def _one_line_errors(command):
         try:
             return command(*args, **kwargs)
         except lpt.LptError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"error: {_one_line(err)}", err=True)
         except Exception as err:  # noqa: BLE001 - the CLI promises no tracebacks
             if debug:
                 raise
-            click.echo(f"error: {type(err).__name__}: {err} (rerun with --debug for the traceback)", err=True)
+            click.echo(f"error: {type(err).__name__}: {_one_line(err)} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
 
     return wrapper
+
+
+def _one_line(err: BaseException) -> str:
+    """The message on one line: onnxruntime's messages, for one, end in a newline."""
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

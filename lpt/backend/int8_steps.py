@@ -122,10 +122,11 @@ def _accumulate_chain(node: ir.Node, threads: int):
         return None
     weights = const_array(w)
     if node.op_type == "ConvInteger":
-        if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        if weights is None:
             return None
         packed = kernels.pack_conv(weights, w_zp, int(x_zp), _attr(node, "group", 1), _attr(node, "strides"),
-                                   _attr(node, "dilations"), _attr(node, "pads"), threads)
+                                   _attr(node, "dilations"), _attr(node, "pads"), threads,
+                                   auto_pad=_attr(node, "auto_pad", "NOTSET"))
         accumulate, runtime_inputs, axis = partial(kernels.conv_accumulate, packed=packed), [x], 1
     elif node.op_type == "ConvTransposeInteger":
         if weights is None or _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):

@@ -33,7 +33,7 @@ def _zero(value):
 
 def _runner(node: ir.Node):
     window = dict(groups=_attr(node, "group", 1), strides=_attr(node, "strides"), dilations=_attr(node, "dilations"),
-                  pads=_attr(node, "pads"))
+                  pads=_attr(node, "pads"), auto_pad=_attr(node, "auto_pad", "NOTSET"))
     op = node.op_type
     if op == "ConvInteger":
         return lambda x, w, x_zp=None, w_zp=None: [

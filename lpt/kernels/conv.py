@@ -55,7 +55,8 @@ class PackedConv:
 
 
 def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: int = 1,
-              strides=None, dilations=None, pads=None, threads: int = 0, int8_gemm: bool = True) -> PackedConv:
+              strides=None, dilations=None, pads=None, threads: int = 0, int8_gemm: bool = True,
+              auto_pad: str = "NOTSET") -> PackedConv:
     """W' = q_wei − zp_wei, comp[oc] = Σ W'[oc], offset = −zp_src·comp, for weights [OC, IC/groups, *kernel].
 
     weight_zero_point is one value or one per output channel; weights are int8 or uint8 (any integers
@@ -87,7 +88,7 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         weight_abs_sum=max(1, int(magnitudes.sum(axis=1).max(initial=0))),
         chunks={bound: exact_chunks(magnitudes, gemm.F32_EXACT_INTEGERS // bound) for bound in (128, 255)},
         groups=groups,
-        window=Window.of(kernel, strides, dilations, pads),
+        window=Window.of(kernel, strides, dilations, pads, auto_pad),
         int8_gemm=ConstantInt8Gemm(channels_last.T.astype(np.int8), threads, route) if mlas else None,
     )
 
@@ -130,10 +131,10 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
         raise ValueError(f"source zero point {packed.src_zero_point} is outside {src_q.dtype}")
     if src_q.ndim != 2 + len(packed.window.kernel) or src_q.shape[1] != packed.in_channels:
         raise ValueError(f"source of shape {src_q.shape} does not fit weights for {packed.in_channels} input channels")
-    window, groups = packed.window, packed.groups
+    window, groups = packed.window.for_input(src_q.shape[2:]), packed.groups
     out_shape = window.output_shape(src_q.shape[2:])
     if packed.int8_gemm is not None:
-        return _accumulate_channels_last(src_q, packed, out_shape)
+        return _accumulate_channels_last(src_q, packed, window, out_shape)
     padded = window.padded(src_q, packed.src_zero_point)
     reduction = packed.weights.shape[2]
     src_bound = magnitude_bound(src_q.dtype)
@@ -155,9 +156,8 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
     return acc.astype(accumulator_dtype(bound))
 
 
-def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, out_shape) -> np.ndarray:
+def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, window: Window, out_shape) -> np.ndarray:
     """MLAS's Σ (q_src − zp_src)·W' over channels-last im2col rows: int32 [N, OC, *out], a view of [N, *out, OC]."""
-    window = packed.window
     source, zero_point = as_unsigned(np.moveaxis(src_q, 1, -1), packed.src_zero_point)  # before im2col multiplies it
     source = window.padded(source, zero_point, channels_last=True)  # [N, *spatial, C]
     spatial_strides = source.strides[1:-1]

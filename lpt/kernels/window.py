@@ -11,26 +11,52 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Window:
-    """ONNX kernel_shape, strides, dilations and pads ([x1_begin, x2_begin, …, x1_end, x2_end])."""
+    """ONNX kernel_shape, strides, dilations and pads ([x1_begin, x2_begin, …, x1_end, x2_end]).
+
+    auto_pad SAME_UPPER / SAME_LOWER leaves the pads to the input's size: `for_input` gives the
+    window with those pads written out (ceil(in / stride) outputs, the odd pad at the end for
+    SAME_UPPER, at the beginning for SAME_LOWER); VALID is no padding.
+    """
 
     kernel: tuple[int, ...]
     strides: tuple[int, ...]
     dilations: tuple[int, ...]
     pads: tuple[int, ...]
+    auto_pad: str = "NOTSET"
 
     @classmethod
-    def of(cls, kernel: Sequence[int], strides=None, dilations=None, pads=None) -> Window:
+    def of(cls, kernel: Sequence[int], strides=None, dilations=None, pads=None, auto_pad="NOTSET") -> Window:
         """A window with ONNX's defaults: strides and dilations 1, no padding."""
         rank = len(kernel)
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad or "NOTSET")
+        if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+            raise ValueError(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+        if auto_pad != "NOTSET":
+            pads = None
         window = cls(tuple(int(k) for k in kernel),
                      tuple(int(s) for s in strides) if strides is not None else (1,) * rank,
                      tuple(int(d) for d in dilations) if dilations is not None else (1,) * rank,
-                     tuple(int(p) for p in pads) if pads is not None else (0,) * (2 * rank))
+                     tuple(int(p) for p in pads) if pads is not None else (0,) * (2 * rank),
+                     "NOTSET" if auto_pad == "VALID" else auto_pad)
         if not (len(window.strides) == len(window.dilations) == rank and len(window.pads) == 2 * rank):
             raise ValueError(f"window attributes do not fit a {rank}-D kernel: {window}")
         if min(window.kernel + window.strides + window.dilations) < 1 or min(window.pads, default=0) < 0:
             raise ValueError(f"kernel, strides and dilations must be positive and pads non-negative: {window}")
         return window
+
+    def for_input(self, spatial: Sequence[int]) -> Window:
+        """This window with explicit pads for an input of this spatial shape (itself without auto_pad)."""
+        if self.auto_pad == "NOTSET":
+            return self
+        rank, begins, ends = len(self.kernel), [], []
+        for size, k, s, d in zip(spatial, self.kernel, self.strides, self.dilations):
+            total = max(0, (-(-size // s) - 1) * s + d * (k - 1) + 1 - size)
+            small, large = total // 2, total - total // 2
+            begins.append(small if self.auto_pad == "SAME_UPPER" else large)
+            ends.append(large if self.auto_pad == "SAME_UPPER" else small)
+        if len(begins) != rank:
+            raise ValueError(f"a {rank}-D window over {len(spatial)} spatial axes")
+        return Window(self.kernel, self.strides, self.dilations, tuple(begins + ends))
 
     @property
     def taps(self) -> int:

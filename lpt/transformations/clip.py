@@ -35,6 +35,8 @@ class ClipTransformation(LayerTransformation):
         dq = Dequantization.of(node.inputs[0])
         if dq is None:
             return Check.fail("input is not dequantized")
+        if dq.is_accumulator:
+            return Check.fail("an int32 accumulator: Clip joins the layer's f32 output stage")
         if not dq.is_per_tensor:
             return Check.fail("per-channel dequantization would need per-channel bounds")
         if np.any(dq.scale <= 0):

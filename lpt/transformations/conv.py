@@ -110,7 +110,7 @@ class ConvTransformation(LayerTransformation):
         accumulator = conv.outputs[0]
         accumulator.type, accumulator.name = ir.TensorType(ir.DataType.INT32), f"{name}/accumulator"
         out = node.outputs[0]
-        rank = len(out.shape) if out.shape is not None else 4
+        rank = const_array(w.data).ndim  # a convolution's output has its weights' rank, whatever the graph knows
         channel_shape = (1, out_channels) + (1,) * (rank - 2)
         scale = (x.scale.reshape(()) * w_scale).astype(np.float32)
         graph.insert_before(node, conv)

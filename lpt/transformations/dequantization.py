@@ -54,6 +54,11 @@ class Dequantization:
         return self.nodes[-1].outputs[0]
 
     @property
+    def is_accumulator(self) -> bool:
+        """Whether `data` is a Conv/MatMul's int32 sum: what follows it belongs to that layer's f32 output stage."""
+        return self.data.dtype == ir.DataType.INT32
+
+    @property
     def is_per_tensor(self) -> bool:
         return self.scale.size == 1 and (self.shift is None or self.shift.size == 1)
 

@@ -34,6 +34,8 @@ class MoveThroughPrecisionPreserved(LayerTransformation):
             return Check.fail("input is not dequantized")
         if node.op_type != "Split" and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return Check.fail("a second output (indices) is used")
+        if node.op_type == "MaxPool" and dq.is_accumulator:
+            return Check.fail("an int32 accumulator: MaxPool has no int32 form in ONNX")
         if node.op_type == "MaxPool" and np.any(dq.scale <= 0):
             return Check.fail("a non-positive scale reverses the order MaxPool picks by")
         if node.op_type == "Resize" and _attr(node, "mode", "nearest") != "nearest":
@@ -53,6 +55,8 @@ class MoveThroughPrecisionPreserved(LayerTransformation):
         level = pad_value / dq.scale + (0 if dq.shift is None else dq.shift)
         if not np.array_equal(level, np.round(level)):
             return Check.fail("the pad value is not a level of the integer grid")
+        if np.unique(level).size > 1:
+            return Check.fail("the pad value is a different level in each channel")
         return Check.ok()
 
     def transform(self, node: ir.Node) -> None:
@@ -60,8 +64,13 @@ class MoveThroughPrecisionPreserved(LayerTransformation):
         scale, shift = dq.scale, dq.shift
         if node.op_type == "Transpose" and not dq.is_per_tensor:
             scale, shift = (_permute(a, node, dq.output) if a is not None else None for a in (scale, shift))
-        if node.op_type == "Pad" and _attr(node, "mode", "constant") == "constant" and len(node.inputs) > 2 and node.inputs[2]:
-            level = const_array(node.inputs[2]) / dq.scale + (0 if dq.shift is None else dq.shift)
+        if node.op_type == "Pad" and _attr(node, "mode", "constant") == "constant":
+            # The pad value (0 when not given) becomes its level: the zero point, for 0.0.
+            given = len(node.inputs) > 2 and node.inputs[2] is not None
+            pad_value = const_array(node.inputs[2]) if given else np.float32(0)
+            level = np.unique(pad_value / dq.scale + (0 if dq.shift is None else dq.shift))
+            if len(node.inputs) < 3:
+                node.resize_inputs(3)
             node.replace_input_with(2, add_constant(node.graph, f"{node.name}/pad_level",
                                                     np.round(level).astype(dq.data.dtype.numpy()).reshape(())))
         outputs = tuple(range(len(node.outputs))) if node.op_type == "Split" else (0,)

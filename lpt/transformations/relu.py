@@ -23,6 +23,8 @@ class ReluTransformation(LayerTransformation):
         dq = Dequantization.of(node.inputs[0])
         if dq is None:
             return Check.fail("input is not dequantized")
+        if dq.is_accumulator:
+            return Check.fail("an int32 accumulator: Relu joins the layer's f32 output stage")
         if np.any(dq.scale <= 0):
             return Check.fail("a non-positive scale flips the threshold")
         if dq.zero_point is None:

@@ -146,3 +146,23 @@ def test_matches_onnxruntime_conv_integer(data):
     expected = run_node("ConvInteger", inputs, np.int32, {**attributes, "group": groups})
     np.testing.assert_array_equal(conv_accumulate(src, pack_conv(weights, weight_zp, src_zp, groups, **attributes)),
                                   expected)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+@pytest.mark.parametrize("int8_gemm", [True, False], ids=["mlas", "f32-blas"])
+def test_auto_pad_matches_onnx(auto_pad, int8_gemm):
+    """Pads from the input's size: 5×7 with a 2×3 kernel and stride 2 needs an odd total pad along H."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 256, (2, 3, 5, 7)).astype(np.uint8)
+    weights = rng.integers(-128, 128, (4, 3, 2, 3)).astype(np.int8)
+    node = helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], auto_pad=auto_pad, strides=[2, 2])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in
+                                            (("x", TensorProto.UINT8), ("w", TensorProto.INT8), ("xz", TensorProto.UINT8))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
+    expected = ReferenceEvaluator(helper.make_model(graph)).run(None, {"x": src, "w": weights, "xz": np.uint8(9)})[0]
+    acc = conv_accumulate(src, pack_conv(weights, 0, 9, strides=[2, 2], auto_pad=auto_pad, int8_gemm=int8_gemm))
+    assert acc.shape == expected.shape == ((2, 4, 3, 4) if auto_pad != "VALID" else (2, 4, 2, 3))
+    np.testing.assert_array_equal(acc, expected)

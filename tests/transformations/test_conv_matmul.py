@@ -95,3 +95,20 @@ def test_conv_transpose_with_output_shape_says_why_it_stays_float():
     m = g.build({"x": [1, 2, 3, 3]}, ["y"])[1]
     run_subset(m, ConvTransformation)
     assert "output_shape" in reasons(m)["y"]
+
+
+def test_a_1d_conv_whose_output_rank_the_graph_does_not_know():
+    """A Reshape with a shape computed at run time leaves ranks unknown: the weights still say 1-D."""
+    def build():
+        g = Graph()
+        g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 1)), g.const(g.rng.normal(size=4).astype(np.float32))],
+             name="y")
+        _, m = g.build({"x": [2, 3, 5]}, ["y"])
+        for value in (m.graph.outputs[0], *(v for n in m.graph for v in n.outputs)):
+            value.shape = None
+        return m
+
+    before, after = build(), build()
+    run_subset(after, ConvTransformation)
+    assert [n.inputs[1].const_value.numpy().shape for n in after.graph if n.op_type in ("Mul", "Add")] == [(1, 4, 1)] * 2
+    assert_same_outputs(before, after, {"x": RNG.uniform(-2, 2, (2, 3, 5)).astype(np.float32)})

@@ -21,7 +21,8 @@ def graph(op_type, per_channel=False, **attrs):
     if op_type == "Reshape":
         extra = [g.const(np.array([2, -1], np.int64))]
     if op_type == "Pad":
-        extra = [g.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)), g.const(np.float32(attrs.pop("value", 0.0)))]
+        value = attrs.pop("value", None)  # None: no constant_value input, which means 0.0
+        extra = [g.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))] + ([] if value is None else [g.const(np.float32(value))])
     g.op(op_type, [x, *extra], name="y", **attrs)
     return g
 
@@ -34,6 +35,8 @@ CASES = [
     pytest.param("Transpose", True, {"perm": [0, 2, 3, 1]}, True, id="transpose-per-channel"),
     pytest.param("Flatten", False, {}, True, id="flatten"),
     pytest.param("Pad", False, {"value": 0.0}, True, id="pad-zero"),
+    pytest.param("Pad", False, {}, True, id="pad-default-zero"),
+    pytest.param("Pad", True, {}, False, id="pad-zero-per-channel-zero-points"),
     pytest.param("Pad", False, {"value": 0.05}, False, id="pad-off-grid"),
 ]
 

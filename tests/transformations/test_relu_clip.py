@@ -48,3 +48,20 @@ def test_relu6_clip_runs_on_integers_within_one_step():
     assert [clip.inputs[i].const_value.numpy().item() for i in (1, 2)] == [20, 20 + 120]  # ⌊6.01/0.05⌋ = 120
     x = np.linspace(-2, 8, 128, dtype=np.float32)
     assert_same_outputs(before, after, {"x": x}, atol=0.05)
+
+
+@pytest.mark.parametrize("activation, bounds", [("Relu", ()), ("Clip", (0.0, 6.0))])
+def test_an_activation_on_an_accumulator_stays_in_the_output_stage(activation, bounds):
+    """Conv without a bias: its dequantization reaches the activation directly, but ONNX has no int32 Relu or
+    Clip before opset 14, and the layer's kernel applies it in f32 anyway (ConvInteger → Cast → Mul → Relu → Q)."""
+    from lpt.backend import compile_model
+    from lpt.transformations.pipeline import transform
+
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 3, 3))], pads=[1, 1, 1, 1])
+    g.fq(g.op(activation, [conv, *(g.const(np.float32(b)) for b in bounds)], name="act"), 0.03, np.uint8(0))
+    _, m = g.build({"x": [2, 3, 8, 8]}, ["act_fq"], opset=13)
+    transform(m)
+    assert reasons(m)["act"].startswith("an int32 accumulator")
+    fused = [s.op_types for s in compile_model(m).steps if "ConvInteger" in s.op_types]
+    assert fused == [("ConvInteger", "Cast", "Mul", activation, "QuantizeLinear")]
