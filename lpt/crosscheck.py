@@ -81,7 +81,7 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
         return []
     reference, _ = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))
     expected = {quantized: function(reference[source]) for source, quantized, function in targets}
-    ours = _run_steps(plan, feeds, expected if local else {})
+    ours = _run_steps(plan, feeds, expected if local else {}, keep=set(expected))
     result = []
     for source, quantized, _ in targets:
         if quantized not in ours:  # fused away inside a step: its integers are not materialized
@@ -92,10 +92,15 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
     return result
 
 
-def _run_steps(plan: Plan, feeds: dict[str, np.ndarray], substitutes: dict[str, np.ndarray]) -> dict:
-    """Every tensor of a plan run; a step reads `substitutes[name]` instead of the computed value."""
+def _run_steps(plan: Plan, feeds: dict[str, np.ndarray], substitutes: dict[str, np.ndarray], keep: set[str]) -> dict:
+    """The tensors `keep` of a plan run (others are dropped after their last use); a step reads
+    `substitutes[name]` instead of the computed value."""
     env = {**plan.constants, **feeds}
-    for step in plan.steps:
-        outputs = step.run(*[substitutes.get(n, env[n]) if n in substitutes else env[n] for n in step.inputs])
+    last_use = {name: index for index, step in enumerate(plan.steps) for name in step.inputs}
+    for index, step in enumerate(plan.steps):
+        outputs = step.run(*[substitutes[n] if n in substitutes else env[n] for n in step.inputs])
         env.update(zip(step.outputs, outputs))
+        for name in step.inputs:
+            if last_use[name] == index and name not in keep and name not in plan.constants:
+                env.pop(name, None)
     return env

@@ -72,6 +72,20 @@ def run_plan(plan: Plan, batches) -> tuple[dict[str, np.ndarray], float]:
     return {name: np.concatenate(parts) for name, parts in collected.items()}, seconds
 
 
+# The cross-check keeps every quantized tensor of both runs: it reads at most this many samples,
+# and fewer where one sample's inputs are large (one 640×640 image: 4.9 MB).
+CHECK_SAMPLES, CHECK_INPUT_BYTES = 8, 8 << 20
+
+
+def check_samples(dataset) -> dict[str, np.ndarray]:
+    """The first samples of a CalibrationData that the cross-check reads."""
+    batch = next(iter(dataset.batches()))
+    total = dataset.samples_in(batch)
+    per_sample = sum(batch[n].nbytes for n, s in dataset.specs.items() if s.batch_axis is not None) / max(total, 1)
+    wanted = max(1, min(CHECK_SAMPLES, int(CHECK_INPUT_BYTES // max(per_sample, 1))))
+    return batch if total <= wanted or dataset.fixed_batch else dataset.part(batch, 0, wanted)
+
+
 def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarray]) -> CrossCheck:
     """lpt vs onnxruntime on the FQ model (per quantized tensor, in LSBs) and vs onnxruntime on lpt's export."""
     check = CrossCheck(tensors=quantized_tensor_agreement(int8_model, plan, fq_model, batch),
@@ -96,7 +110,7 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     """Run a fake-quantized or int8 `model` (path or ir.Model) on lpt's backend over `data`.
 
     Returns outputs by name (concatenated over the data), the compiled plan (its int8/f32 split)
-    and, with `check`, the cross-check against onnxruntime on the first batch. `threads` is
+    and, with `check`, the cross-check against onnxruntime on the first samples (check_samples). `threads` is
     for the integer GEMM and the onnxruntime fallback (0: one per core). `batch_axes` ({input name:
     axis, or None for a fixed input}) overrides the batch axes guessed from the model.
     """
@@ -114,5 +128,5 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     outputs, seconds = run_plan(plan, dataset.batches())
     result = RunResult(outputs, plan, seconds)
     if check:
-        result.check = cross_check(fq_model, int8_model, plan, next(iter(dataset.batches())))
+        result.check = cross_check(fq_model, int8_model, plan, check_samples(dataset))
     return result

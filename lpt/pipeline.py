@@ -25,7 +25,7 @@ from lpt.calibration import CalibrationReport, calibrate
 from lpt.calibration.data import CalibrationData, data_beside, input_specs
 from lpt.compare import Comparison, compare
 from lpt.errors import DataError, ModelError
-from lpt.execute import CrossCheck, cross_check, run_plan
+from lpt.execute import CrossCheck, check_samples, cross_check, run_plan
 from lpt.export.int8 import ExportReport, to_standard_int8
 from lpt.graph.fake_quantize_op import is_fake_quantize
 from lpt.graph.ops import QUANTIZED_OPS
@@ -154,8 +154,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     plan = timed("compile", compile_model, int8_model)
     dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite,
                               batch_axes=batch_axes)
-    first = next(iter(dataset.batches()))
-    check = timed("cross-check", cross_check, fq_model, int8_model, plan, first)
+    check = timed("cross-check", cross_check, fq_model, int8_model, plan, check_samples(dataset))
     # compare reads the data once: the first `subset_size` samples, as one dict
     agreement = timed("run", compare, reference, fq_model, dataset.collect(), batch_axes=batch_axes)
     report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds)

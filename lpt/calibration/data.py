@@ -262,6 +262,16 @@ class CalibrationData:
                 return batch[name].shape[spec.batch_axis]
         return 1
 
+    def part(self, batch: dict[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
+        """Samples start:stop of a batch of `batches()` (each batched input along its axis, fixed inputs whole)."""
+        return {name: batch[name] if spec.batch_axis is None else _along(batch[name], spec.batch_axis, start, stop)
+                for name, spec in self.specs.items()}
+
+    @property
+    def fixed_batch(self) -> bool:
+        """Whether the model fixes its batch size, so that a batch cannot be run in parts."""
+        return any(s.batch_size is not None for s in self.specs.values())
+
     def collect(self) -> dict[str, np.ndarray]:
         """Every batch as one dict (see `concatenate`)."""
         return concatenate(self.batches(), self.specs.values())

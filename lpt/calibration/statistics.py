@@ -17,6 +17,9 @@ from lpt.model_io import to_proto
 
 logger = logging.getLogger(__name__)
 
+# Bytes of fetched activations one onnxruntime run may hold: a batch past it runs in parts.
+ACTIVATION_BUDGET = 1 << 30
+
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
     """A CPU session with graph optimizations off: every tensor stays as the fp32 graph computes it."""
@@ -45,14 +48,24 @@ def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData,
     inputs = set(data.specs)
     fetched = [n for n in collectors if n not in inputs]
     sess = session(with_outputs(model, fetched)) if fetched else None
+    per_sample = 0  # bytes of the fetched tensors for one sample, measured once on the first sample
     with sample_progress("calibrating", data.total, quiet) as advance:
         for batch in data.batches():
-            values = dict(zip(fetched, sess.run(fetched, batch))) if sess is not None else {}
-            for name, tensor_collectors in collectors.items():
-                for collector in tensor_collectors:
-                    collector.update(values[name] if name in values else batch[name])
-            del values
-            advance(data.samples_in(batch))
+            total, start = data.samples_in(batch), 0
+            if sess is not None and not per_sample and not data.fixed_batch:
+                per_sample = max(1, sum(v.nbytes for v in sess.run(fetched, data.part(batch, 0, 1))))
+            # A batch of large activations (a detector at 640×640) runs in parts that fit the budget.
+            size = total if data.fixed_batch or not per_sample else max(1, ACTIVATION_BUDGET // per_sample)
+            while start < total:
+                part = batch if size >= total else data.part(batch, start, min(total, start + size))
+                values = dict(zip(fetched, sess.run(fetched, part))) if sess is not None else {}
+                for name, tensor_collectors in collectors.items():
+                    for collector in tensor_collectors:
+                        collector.update(values[name] if name in values else part[name])
+                del values
+                samples = data.samples_in(part)
+                start += samples
+                advance(samples)
     for name, tensor_collectors in collectors.items():
         nonfinite = max(c.nonfinite for c in tensor_collectors)
         if nonfinite:
