@@ -167,3 +167,32 @@ def test_conv_transpose_runs_on_integers_and_exports_to_standard_onnx():
     exported, report = to_standard_int8(int8)
     assert "ConvTranspose" in [n.op_type for n in exported.graph] and report.approximated
     np.testing.assert_allclose(run_ort(exported, {"x": x})[0], plan.run({"x": x})["y"], atol=0.05 + 1e-6)
+
+
+def test_a_step_that_reads_one_tensor_twice():
+    """x·x of one dequantized tensor (a power spectrum's Square) is a join of a branch with itself."""
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    x = g.fq("x", 0.02, np.uint8(100))
+    g.op("Relu", [g.fq(g.op("Mul", [x, x]), 0.03, np.uint8(0))], name="y")
+    _, m = g.build({"x": [2, 3]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    x = RNG.uniform(-2, 3, (2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_an_exported_conv_transpose_keeps_the_accumulator_type_for_what_reads_it():
+    """PaddleOCR's detector: ConvTranspose → Identity, so the Identity reads the int32 accumulator."""
+    from lpt.export.int8 import to_standard_int8
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    up = g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(100)), g.weight((3, 4, 2, 2), axis=1)], strides=[2, 2])
+    g.op("Sigmoid", [g.op("Identity", [up])], name="y")
+    _, m = g.build({"x": [1, 3, 4, 4]}, ["y"])
+    lpt.transform(m)
+    exported, _ = to_standard_int8(m)
+    x = RNG.uniform(-2, 3, (1, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], compile_model(m).run({"x": x})["y"], rtol=1e-6)

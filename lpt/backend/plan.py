@@ -61,7 +61,7 @@ class Plan:
             results = step.run(*[env[n] for n in step.inputs])
             env.update(zip(step.outputs, results))
             if not keep:
-                for name in step.inputs:
+                for name in set(step.inputs):  # a step may read one tensor twice (x·x)
                     if self._last_use.get(name) == index and name not in outputs and name not in self.constants:
                         del env[name]
         return env if keep else {n: env[n] for n in self.outputs}

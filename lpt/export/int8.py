@@ -5,7 +5,7 @@
     MatMulInteger → Cast → Mul(m) [→ Relu] → QuantizeLinear(s_y, z_y)
         ⇒ QLinearMatMul(a_q, 1, z_a, b_q, m, z_b, s_y, z_y)
     lpt::Quantize(x, il, ih; levels)  ⇒  QuantizeLinear(x, (ih − il)/(levels − 1), qmin − il/scale) [→ Clip]
-    lpt::ConvTransposeInteger(x_q, w_q, z_x, z_w)  ⇒  ConvTranspose(DQ(x_q, 1, z_x), DQ(w_q, 1, z_w)), in f32
+    lpt::ConvTransposeInteger(x_q, w_q, z_x, z_w)  ⇒  Cast(int32, ConvTranspose(DQ(x_q, 1, z_x), DQ(w_q, 1, z_w)))
 
 Only the product of the input and weight scales matters to QLinear*, so the input scale is 1
 and the weight scale carries m. A Relu folds only where the output zero point is the type's
@@ -147,8 +147,11 @@ def _conv_transpose_to_float(node: ir.Node, report: ExportReport) -> None:
         dequantized.append(dq)
     conv = ir.node("ConvTranspose", [d.outputs[0] for d in dequantized], dict(node.attributes), name=name)
     conv.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
-    graph.insert_after(node, dequantized + [conv])
-    replace_value(node.outputs[0], conv.outputs[0])  # the Cast to float after it becomes a no-op
+    # Back to the int32 accumulator it stands for: what reads it (an Identity, a Cast) keeps its types.
+    accumulator = ir.node("Cast", [conv.outputs[0]], {"to": ir.DataType.INT32}, name=f"{name}/accumulator")
+    accumulator.outputs[0].type = ir.TensorType(ir.DataType.INT32)
+    graph.insert_after(node, dequantized + [conv, accumulator])
+    replace_value(node.outputs[0], accumulator.outputs[0])
     graph.remove(node, safe=True)
     report.approximated.append(f"{name}: integer ConvTranspose written as f32 ConvTranspose (exact while sums fit f32)")
 
