@@ -29,6 +29,8 @@ from lpt.kernels.gemm import accumulator_dtype, deviation_bound, exact_chunk, in
 from lpt.kernels.int8_gemm import MAX_REDUCTION, ConstantInt8Gemm, as_unsigned, gemm_route
 from lpt.kernels.window import Window
 
+IM2COL_BYTES = 64 << 20  # the MLAS route gathers its im2col rows in blocks of at most this many bytes
+
 
 @dataclass(frozen=True, eq=False)  # eq=False: ndarray fields have no boolean ==
 class PackedConv:
@@ -157,7 +159,12 @@ def conv_accumulate(src_q: np.ndarray, packed: PackedConv, exact_float: bool = F
 
 
 def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, window: Window, out_shape) -> np.ndarray:
-    """MLAS's Σ (q_src − zp_src)·W' over channels-last im2col rows: int32 [N, OC, *out], a view of [N, *out, OC]."""
+    """MLAS's Σ (q_src − zp_src)·W' over channels-last im2col rows: int32 [N, OC, *out], a view of [N, *out, OC].
+
+    The im2col rows are gathered a block of output rows at a time, each block at most IM2COL_BYTES:
+    whole, they would be taps·C bytes per output position (1.3 GB for one 3×3 128-channel layer of
+    8 spectrograms of 900×161).
+    """
     source, zero_point = as_unsigned(np.moveaxis(src_q, 1, -1), packed.src_zero_point)  # before im2col multiplies it
     source = window.padded(source, zero_point, channels_last=True)  # [N, *spatial, C]
     spatial_strides = source.strides[1:-1]
@@ -166,9 +173,16 @@ def _accumulate_channels_last(src_q: np.ndarray, packed: PackedConv, window: Win
         strides=(source.strides[0],) + tuple(st * s for st, s in zip(spatial_strides, window.strides))
         + tuple(st * d for st, d in zip(spatial_strides, window.dilations)) + (source.strides[-1],),
         writeable=False)
-    rows = np.ascontiguousarray(taps).reshape(-1, packed.int8_gemm.reduction)  # [N·P, (taps, C)]
-    acc = packed.int8_gemm(rows, zero_point)
-    return np.moveaxis(acc.reshape((src_q.shape[0],) + tuple(out_shape) + (packed.out_channels,)), -1, 1)
+    reduction, batch = packed.int8_gemm.reduction, src_q.shape[0]
+    positions = int(np.prod(out_shape[1:], dtype=np.int64))  # per output row
+    block = max(1, IM2COL_BYTES // max(positions * reduction, 1))  # output rows per GEMM
+    acc = np.empty((batch, out_shape[0], positions, packed.out_channels), np.int32)
+    for n in range(batch):
+        for start in range(0, out_shape[0], block):
+            gathered = np.ascontiguousarray(taps[n, start:start + block]).reshape(-1, reduction)  # [rows, (taps, C)]
+            acc[n, start:start + block] = packed.int8_gemm(gathered, zero_point).reshape(-1, positions,
+                                                                                          packed.out_channels)
+    return np.moveaxis(acc.reshape((batch,) + tuple(out_shape) + (packed.out_channels,)), -1, 1)
 
 
 def _im2col(padded, window: Window, out_shape, groups: int) -> np.ndarray:

@@ -166,3 +166,19 @@ def test_auto_pad_matches_onnx(auto_pad, int8_gemm):
     acc = conv_accumulate(src, pack_conv(weights, 0, 9, strides=[2, 2], auto_pad=auto_pad, int8_gemm=int8_gemm))
     assert acc.shape == expected.shape == ((2, 4, 3, 4) if auto_pad != "VALID" else (2, 4, 2, 3))
     np.testing.assert_array_equal(acc, expected)
+
+
+def test_the_mlas_route_gathers_in_blocks_with_the_same_integers(monkeypatch):
+    """A budget of a few rows: every image and every block of output rows is its own GEMM."""
+    from lpt.kernels import conv as conv_module
+
+    rng = np.random.default_rng(6)
+    src = rng.integers(0, 256, (3, 4, 9, 7)).astype(np.uint8)
+    weights = rng.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8)
+    packed = pack_conv(weights, 0, 17, strides=[2, 1], pads=[1, 1, 1, 1])
+    if packed.int8_gemm is None:
+        pytest.skip("LPT_INT8_GEMM=off: no MLAS route")
+    whole = conv_accumulate(src, packed)
+    monkeypatch.setattr(conv_module, "IM2COL_BYTES", 2 * 7 * 36)  # two output rows of 7 positions, 36 taps·C
+    np.testing.assert_array_equal(conv_accumulate(src, packed), whole)
+    np.testing.assert_array_equal(whole, conv_reference(src, weights, 17, 0, 1, [2, 1], None, [1, 1, 1, 1]))
