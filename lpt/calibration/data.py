@@ -38,6 +38,10 @@ from lpt.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+# A batch holds at most this many bytes of inputs: its activations are many times that, on every
+# backend (one 3×640×640 image is 4.9 MB, so three per batch; small samples stay at batch_size).
+BATCH_INPUT_BYTES = 16 << 20
+
 _GUESS = "guess"  # InputSpec's default batch axis: default_batch_axis(shape)
 
 
@@ -233,6 +237,9 @@ class CalibrationData:
                 continue
             pending.append(chunk)
             pending_rows += rows
+            if not self.fixed_batch and chunk:  # large samples (640×640 images) make smaller batches
+                per_sample = sum(v.nbytes for v in chunk.values()) / max(rows, 1)
+                self.batch_size = max(1, min(self.batch_size, int(BATCH_INPUT_BYTES // max(per_sample, 1))))
             while pending_rows >= self.batch_size:
                 batch, pending, pending_rows = _take(pending, self.batch_size)
                 count += self.batch_size

@@ -40,3 +40,11 @@ def test_the_cross_check_reads_at_most_a_few_samples_and_one_large_one():
     large = CalibrationData({"x": np.zeros((4, 3, 640, 640), np.float32)},
                             [InputSpec("x", np.dtype(np.float32), (None, 3, 640, 640))])
     assert len(check_samples(large)["x"]) == 1
+
+
+def test_large_samples_make_smaller_batches():
+    spec = InputSpec("x", np.dtype(np.float32), (None, 3, 640, 640))  # 4.9 MB a sample: three fit 16 MB
+    images = CalibrationData({"x": np.zeros((7, 3, 640, 640), np.float32)}, [spec])
+    assert [len(b["x"]) for b in images.batches()] == [3, 3, 1]
+    small = CalibrationData({"x": np.zeros((40, 3, 8, 8), np.float32)}, [InputSpec("x", np.dtype(np.float32), (None, 3, 8, 8))])
+    assert [len(b["x"]) for b in small.batches()] == [32, 8]
