@@ -177,3 +177,13 @@ def test_a_dynamically_quantized_model_runs_as_it_is(tmp_path):
     ours = result.run(data)["y"]
     np.testing.assert_allclose(ours, lpt.run_reference(lpt.read_model(tmp_path / "dynamic.onnx"), data)["y"],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_no_runtime_knows_is_named():
+    g = Graph()
+    g.op("Relu", [g.op("Frobnicate", [g.fq("x", 0.02, np.uint8(128))])], name="y")
+    g.nodes[-2].domain = "example.custom"
+    _, m = g.build({"x": [2, 3]}, ["y"], output_shapes={"y": [2, 3]}, extra_opsets={"example.custom": 1})
+    lpt.transform(m)
+    with pytest.raises(lpt.ModelError, match=r"no runtime lpt uses has the op example.custom::Frobnicate"):
+        compile_model(m)

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+from lpt.errors import ModelError
 from lpt.reference import CUSTOM_OPS
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,14 @@ class RegionRunner:
             self._run = lambda feeds: session.run(self.output_names, feeds)
         except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: go node by node
             if len(self.nodes) == 1:
-                logger.info("onnxruntime cannot run %s (%s): ONNX's reference evaluator runs it",
-                            self.nodes[0].name, str(err).splitlines()[0] if str(err) else type(err).__name__)
-                evaluator = ReferenceEvaluator(proto, new_ops=CUSTOM_OPS)
+                node, why = self.nodes[0], " ".join(str(err).split()) or type(err).__name__
+                logger.info("onnxruntime cannot run %s (%s): ONNX's reference evaluator runs it", node.name, why)
+                try:
+                    evaluator = ReferenceEvaluator(proto, new_ops=CUSTOM_OPS)
+                except Exception:  # noqa: BLE001 - an op neither knows: say which
+                    op = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+                    raise ModelError(f"node {node.name!r}: no runtime lpt uses has the op {op} "
+                                     f"(onnxruntime: {why[:200]})") from None
                 self.backend = "onnx reference"
                 self._run = lambda feeds: evaluator.run(self.output_names, feeds)
             else:
