@@ -16,6 +16,8 @@ import onnx_ir as ir
 
 from lpt import kernels
 from lpt.backend.plan import Step
+from lpt.graph.constants import const_array
+from lpt.kernels.conv import with_src_zero_point
 from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_linear
 
 _OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear",
@@ -27,6 +29,13 @@ def _attr(node: ir.Node, name: str, default=None):
     return node.attributes[name].value if name in node.attributes else default
 
 
+def _optional_constant(node: ir.Node, index: int):
+    """Input `index` as an array: zeros where it is absent, None where it is computed at run time."""
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return np.zeros((), np.int32)
+    return const_array(node.inputs[index])
+
+
 def _zero(value):
     return np.zeros((), np.int32) if value is None else value
 
@@ -36,6 +45,11 @@ def _runner(node: ir.Node):
                   pads=_attr(node, "pads"), auto_pad=_attr(node, "auto_pad", "NOTSET"))
     op = node.op_type
     if op == "ConvInteger":
+        weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
+        if weights is not None and weight_zp is not None:  # packed once; the source zero point may change per run
+            packed = kernels.pack_conv(weights, weight_zp, 0, **window)
+            return lambda x, w, x_zp=None, w_zp=None: [kernels.conv_accumulate(
+                x, with_src_zero_point(packed, int(_zero(x_zp)))).astype(np.int32)]
         return lambda x, w, x_zp=None, w_zp=None: [
             kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window)).astype(np.int32)]
     if op == "MatMulInteger":

@@ -20,7 +20,7 @@ while taps·max|a|·max|W'| ≤ 2^24.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -93,6 +93,15 @@ def pack_conv(weights_q, weight_zero_point=0, src_zero_point: int = 0, groups: i
         window=Window.of(kernel, strides, dilations, pads, auto_pad),
         int8_gemm=ConstantInt8Gemm(channels_last.T.astype(np.int8), threads, route) if mlas else None,
     )
+
+
+def with_src_zero_point(packed: PackedConv, src_zero_point: int) -> PackedConv:
+    """The same packed weights for another source zero point (one known only at run time, as
+    DynamicQuantizeLinear gives): only the offset −zp_src·comp changes."""
+    if src_zero_point == packed.src_zero_point:
+        return packed
+    return replace(packed, src_zero_point=int(src_zero_point),
+                   offset=(-int(src_zero_point) * packed.compensation).reshape(packed.offset.shape))
 
 
 def exact_chunks(magnitudes: np.ndarray, limit: int) -> tuple[slice, ...]:

@@ -182,3 +182,16 @@ def test_the_mlas_route_gathers_in_blocks_with_the_same_integers(monkeypatch):
     monkeypatch.setattr(conv_module, "IM2COL_BYTES", 2 * 7 * 36)  # two output rows of 7 positions, 36 taps·C
     np.testing.assert_array_equal(conv_accumulate(src, packed), whole)
     np.testing.assert_array_equal(whole, conv_reference(src, weights, 17, 0, 1, [2, 1], None, [1, 1, 1, 1]))
+
+
+@pytest.mark.parametrize("int8_gemm", [True, False], ids=["mlas", "f32-blas"])
+def test_weights_packed_once_serve_a_zero_point_known_only_at_run_time(int8_gemm):
+    from lpt.kernels.conv import with_src_zero_point
+
+    rng = np.random.default_rng(8)
+    src = rng.integers(0, 256, (2, 3, 6, 6)).astype(np.uint8)
+    weights = rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
+    packed = pack_conv(weights, 0, 0, pads=[1, 1, 1, 1], int8_gemm=int8_gemm)
+    for zero_point in (0, 77, 255):
+        np.testing.assert_array_equal(conv_accumulate(src, with_src_zero_point(packed, zero_point)),
+                                      conv_reference(src, weights, zero_point, 0, 1, None, None, [1, 1, 1, 1]))
