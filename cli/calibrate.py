@@ -1,7 +1,8 @@
 """`lpt calibrate`: parse options, call lpt.calibration.calibrate, save, print a summary.
 
 This module raises lpt's errors (DataError, ModelError, QuantizationError) and leaves them to
-the one-line error handler of cli/main.py; to register it there:
+the one-line error handler of cli/main.py, which also passes the lpt.paths.Files that watches
+the command's files; to register it there:
 
     from cli.calibrate import calibrate
     calibrate.callback = _one_line_errors(calibrate.callback)
@@ -13,15 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 import lpt
+from cli.shared import Table, at_least, console, say
 from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
 from lpt.calibration import calibrate as run_calibration
 from lpt.calibration.data import data_beside, parse_batch_axes
-
-console = Console(markup=False, highlight=False)  # node names may hold [brackets]
+from lpt.errors import shown
+from lpt.paths import Files
 
 
 def batch_axis_option(command):
@@ -40,15 +40,15 @@ def default_output(model: Path) -> Path:
 
 
 @click.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path),
+@click.argument("model", type=click.Path())
+@click.option("--data", type=click.Path(),
               help="Calibration samples: .npz keyed by input name, .npy (single input), or a folder of them. "
                    "Default: MODEL's .npz beside it.")
 @click.option("--preset", type=click.Choice([p.value for p in Preset]), default=DEFAULT_PRESET.value,
               show_default=True, help="performance: symmetric activations; mixed: asymmetric u8 activations.")
 @click.option("--estimator", type=click.Choice([e.value for e in Estimator]), default=DEFAULT_ESTIMATOR.value,
               show_default=True, help="How activation ranges come from the statistics.")
-@click.option("--subset-size", type=click.IntRange(min=1), default=300, show_default=True,
+@click.option("--subset-size", default=300, show_default=True,
               help="Use at most N samples.")
 @batch_axis_option
 @click.option("--ignore", multiple=True, metavar="NODE|re:REGEX|OP",
@@ -56,12 +56,12 @@ def default_output(model: Path) -> Path:
 @click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf instead of refusing the data.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary; print only where the model was written.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the FQ model. "
+@click.option("-o", "--output", type=click.Path(), help="Where to write the FQ model. "
               "Default: MODEL_STEM.fq.onnx beside MODEL.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
-def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subset_size: int,
+def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_size: int,
               batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, skip_nonfinite: bool,
-              quiet: bool, output: Path | None, force: bool) -> None:
+              quiet: bool, output: str | None, force: bool, files: Files) -> None:
     """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
 
     Activations get per-tensor ranges from the statistics, weights symmetric int8 per output
@@ -73,20 +73,19 @@ def calibrate(model: Path, data: Path | None, preset: str, estimator: str, subse
       lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
       lpt calibrate model.onnx --data samples/ --estimator mse --ignore re:^/head/ -o model.fq.onnx
     """
+    at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
-    output = output or default_output(model)
-    if output.exists() and model.exists() and output.resolve() == model.resolve():
-        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
-    if output.exists() and not force:
-        raise lpt.ModelError(f"{output}: already exists (pass --force to replace it)")
-    data = data if data is not None else data_beside(model)
+    model = files.model(model)
+    data = files.data(data if data is not None else data_beside(model))
+    output = files.output(default_output(model) if output is None else output,
+                          "-o" if output is not None else "the default output", force=force)
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
                              quiet=quiet, batch_axes=axes)
     lpt.save(result.model, output, overwrite=force)
     if not quiet:
         print_summary(result.report, model)
-    click.echo(f"wrote {output}")
+    click.echo(shown(f"wrote {output}"))
 
 
 def print_summary(report, model: Path) -> None:
@@ -106,4 +105,4 @@ def print_summary(report, model: Path) -> None:
         console.print(left)
     skipped = f", {report.skipped_samples} skipped for NaN/Inf" if report.skipped_samples else ""
     corrected = f"; {len(report.bias_corrected)} biases corrected" if report.bias_corrected else ""
-    console.print(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")
+    say(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")

@@ -9,24 +9,27 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 import lpt
 from cli.calibrate import batch_axis_option
+from cli.shared import Table, at_least, bounded_threads, console, say
+from lpt import paths
 from lpt.calibration.data import parse_batch_axes
-
-console = Console(markup=False, highlight=False)  # node names may hold [brackets]
+from lpt.errors import shown
 
 
 def _one_line_errors(command):
-    """Turn lpt's errors (and anything unexpected) into one line on stderr and exit code 1."""
+    """Turn lpt's errors (and anything unexpected) into one line on stderr and exit code 1.
+
+    The command runs with a lpt.paths.Files watching what it reads, passed as `files`: it declares
+    its inputs and outputs there before the work, and no write replaces a file it reads."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = click.get_current_context().find_root().params.get("debug")
         try:
-            return command(*args, **kwargs)
+            with paths.watching() as files:
+                return command(*args, files=files, **kwargs)
         except lpt.LptError as err:
             click.echo(f"error: {_one_line(err)}", err=True)
         except Exception as err:  # noqa: BLE001 - the CLI promises no tracebacks
@@ -39,8 +42,16 @@ def _one_line_errors(command):
 
 
 def _one_line(err: BaseException) -> str:
-    """The message on one line: onnxruntime's messages, for one, end in a newline."""
-    return " ".join(str(err).split()) or type(err).__name__
+    """The message on one line (onnxruntime's messages, for one, end in a newline), escaped: names
+    from a file may hold escape sequences (lpt.errors.shown)."""
+    return shown(" ".join(str(err).split()) or type(err).__name__)
+
+
+class _EscapedFormatter(logging.Formatter):
+    """Log messages escaped like errors (tracebacks, with --debug, keep their lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return shown(super().formatMessage(record))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -54,14 +65,16 @@ def main(debug: bool) -> None:
       lpt inspect models/digits_cnn.ort_qdq.onnx      what is fake-quantized, and how
       lpt normalize models/digits_cnn.ov_fq.onnx -o digits_qdq.onnx
     """
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_EscapedFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @_one_line_errors
-def inspect(model: Path, as_json: bool) -> None:
+def inspect(model: str, as_json: bool, files: paths.Files) -> None:
     """Show MODEL's ops, its fake-quantized tensors, and heavy ops left in float.
 
     Any FakeQuantize-equivalent form is recognized: QuantizeLinear/DequantizeLinear pairs,
@@ -72,6 +85,7 @@ def inspect(model: Path, as_json: bool) -> None:
       lpt inspect models/digits_cnn.ort_qdq.onnx
       lpt inspect models/digits_cnn.ort_qdq.onnx --json > summary.json
     """
+    model = files.model(model)
     summary = lpt.summarize(lpt.load(model))
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
@@ -99,7 +113,7 @@ def inspect(model: Path, as_json: bool) -> None:
             left.add_row(u.node, u.op_type, u.reason)
         console.print(left)
     else:
-        console.print("every Conv/ConvTranspose/MatMul/Gemm reads fake-quantized inputs")
+        say("every Conv/ConvTranspose/MatMul/Gemm reads fake-quantized inputs")
 
 
 def _print_precisions(precisions) -> None:
@@ -115,18 +129,13 @@ def _print_precisions(precisions) -> None:
     console.print(table)
 
 
-def _refuse_input_as_output(model: Path, output: Path) -> None:
-    if output.exists() and output.resolve() == model.resolve():
-        raise lpt.ModelError(f"{output}: refusing to overwrite the input model")
-
-
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the int8 graph.")
+@click.argument("model", type=click.Path())
+@click.option("-o", "--output", type=click.Path(), required=True, help="Where to write the int8 graph.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
 @click.option("--quiet", is_flag=True, help="Print only where the graph was written.")
 @_one_line_errors
-def transform(model: Path, output: Path, force: bool, quiet: bool) -> None:
+def transform(model: str, output: str, force: bool, quiet: bool, files: paths.Files) -> None:
     """Run the low precision transformations on a fake-quantized MODEL and save the int8 graph.
 
     FakeQuantizes split into quantize + dequantize, dequantizations move down the graph,
@@ -137,21 +146,22 @@ def transform(model: Path, output: Path, force: bool, quiet: bool) -> None:
     Example:
       lpt transform models/digits_cnn.ort_qdq.onnx -o digits_int8.onnx
     """
-    _refuse_input_as_output(model, output)
+    model = files.model(model)
+    output = files.output(output, "-o", force=force)
     m = lpt.load(model)
     lpt.transform(m)
     lpt.save(m, output, overwrite=force)
     if not quiet:
         _print_precisions(lpt.op_precisions(m, lpt.compile_model(m)))
-    click.echo(f"wrote {output}")
+    click.echo(shown(f"wrote {output}"))
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the model.")
+@click.argument("model", type=click.Path())
+@click.option("-o", "--output", type=click.Path(), required=True, help="Where to write the model.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
 @_one_line_errors
-def normalize(model: Path, output: Path, force: bool) -> None:
+def normalize(model: str, output: str, force: bool, files: paths.Files) -> None:
     """Load MODEL, normalize its FakeQuantize forms, and save it as standard ONNX.
 
     QDQ-semantics fake quantization is written as QuantizeLinear/DequantizeLinear (bit-exact),
@@ -161,13 +171,14 @@ def normalize(model: Path, output: Path, force: bool) -> None:
     Example:
       lpt normalize models/digits_cnn.ort_qdq.onnx -o digits_normalized.onnx
     """
-    _refuse_input_as_output(model, output)
+    model = files.model(model)
+    output = files.output(output, "-o", force=force)
     normalized = lpt.load(model)
     lpt.save(normalized, output, overwrite=force)
-    click.echo(f"wrote {output}")
+    click.echo(shown(f"wrote {output}"))
 
 
-def _default_data(model: Path, data: Path | None) -> Path:
+def _default_data(model: Path, data: str | None) -> str | Path:
     """--data, or the .npz that sits beside the model (as in models/)."""
     from lpt.calibration.data import data_beside
 
@@ -175,19 +186,19 @@ def _default_data(model: Path, data: Path | None) -> Path:
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), help="Inputs: .npz keyed by input name, .npy, or a folder "
+@click.argument("model", type=click.Path())
+@click.option("--data", type=click.Path(), help="Inputs: .npz keyed by input name, .npy, or a folder "
               "of them. Default: MODEL's .npz beside it.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the outputs here (.npz keyed by output name).")
+@click.option("-o", "--output", type=click.Path(), help="Write the outputs here (.npz keyed by output name).")
 @click.option("--check", is_flag=True, help="Cross-check against onnxruntime on the FQ model and on lpt's export.")
 @click.option("--batch-size", default=32, show_default=True, help="Samples per run of the plan.")
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(0), help="Threads of the integer GEMM and the onnxruntime "
-              "fallback; 0: one per core.")
+@click.option("--threads", default=0, show_default=True, help="Threads of the integer GEMM and the onnxruntime "
+              "fallback; 0: one per core (more than the cores are capped).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @batch_axis_option
 @_one_line_errors
-def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_size: int, threads: int,
-        force: bool, batch_axes: tuple[str, ...]) -> None:
+def run(model: str, data: str | None, output: str | None, check: bool, batch_size: int, threads: int,
+        force: bool, batch_axes: tuple[str, ...], files: paths.Files) -> None:
     """Run MODEL on lpt's int8 backend.
 
     MODEL is a fake-quantized model (transformed on the fly) or an int8 graph saved by
@@ -198,18 +209,23 @@ def run(model: Path, data: Path | None, output: Path | None, check: bool, batch_
     Example:
       lpt run models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.test.npz -o out.npz --check
     """
-    result = lpt.run(model, _default_data(model, data), batch_size=batch_size, check=check, threads=threads,
-                     batch_axes=parse_batch_axes(batch_axes))
+    at_least("--batch-size", batch_size, 1)
+    threads = bounded_threads("--threads", threads, 0)
+    axes = parse_batch_axes(batch_axes)
+    model = files.model(model)
+    data = files.data(_default_data(model, data))
+    output = files.output(output, "-o", force=force)
+    result = lpt.run(model, data, batch_size=batch_size, check=check, threads=threads, batch_axes=axes)
     if output is not None:
         lpt.model_io.write_arrays(result.outputs, output, overwrite=force)
     split = ", ".join(f"{n} on {backend}" for backend, n in result.op_split.items())
     fallback = ", ".join(f"{op}×{n}" for op, n in result.plan.fallback_ops().items()) or "none"
     samples = len(next(iter(result.outputs.values())))
-    click.echo(f"{samples} samples in {result.seconds:.3f} s; ops: {split}; not on int8 kernels: {fallback}")
+    click.echo(shown(f"{samples} samples in {result.seconds:.3f} s; ops: {split}; not on int8 kernels: {fallback}"))
     if result.check is not None:
         _print_check(result.check)
     if output is not None:
-        click.echo(f"wrote {output}")
+        click.echo(shown(f"wrote {output}"))
 
 
 def _share(fraction: float) -> str:
@@ -232,15 +248,15 @@ def _print_check(check) -> None:
         outputs.add_row(o.output, o.against, f"{o.max_abs_diff:.3g}", _share(o.share_equal), o.note)
     console.print(outputs)
     for note in check.export_notes:
-        console.print(f"  export: {note}")
+        say(f"  export: {note}")
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the ONNX int8 model.")
+@click.argument("model", type=click.Path())
+@click.option("-o", "--output", type=click.Path(), required=True, help="Where to write the ONNX int8 model.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
 @_one_line_errors
-def export(model: Path, output: Path, force: bool) -> None:
+def export(model: str, output: str, force: bool, files: paths.Files) -> None:
     """Export MODEL (fake-quantized or lpt int8) as standard ONNX int8 that onnxruntime runs.
 
     Integer Conv/MatMul chains become QLinearConv/QLinearMatMul where ONNX has the form
@@ -250,20 +266,21 @@ def export(model: Path, output: Path, force: bool) -> None:
     Example:
       lpt export models/digits_cnn.ort_qdq.onnx -o digits_int8_ort.onnx
     """
-    _refuse_input_as_output(model, output)
+    model = files.model(model)
+    output = files.output(output, "-o", force=force)
     m = lpt.load(model)
     lpt.transform(m)
     exported, report = lpt.export_int8(m)
     lpt.model_io.write_model(exported, output, overwrite=force)
     click.echo(f"{len(report.fused)} QLinear ops; {len(report.approximated)} places round differently than lpt")
-    click.echo(f"wrote {output}")
+    click.echo(shown(f"wrote {output}"))
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path),
+@click.argument("model", type=click.Path())
+@click.option("--data", type=click.Path(),
               help="Sample inputs (.npz keyed by input name, .npy, or a folder). Default: MODEL's .npz beside it.")
-@click.option("-o", "--output-prefix", type=click.Path(path_type=Path),
+@click.option("-o", "--output-prefix", type=click.Path(),
               help="Write PREFIX.fq.onnx and PREFIX.int8.onnx. Default: beside MODEL, named after it.")
 @click.option("--preset", type=click.Choice(["performance", "mixed"]), help="Activation scheme (default: the "
               "calibration default, see README).")
@@ -274,13 +291,13 @@ def export(model: Path, output: Path, force: bool) -> None:
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
 @click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf (with a warning) instead of refusing the data.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the report as JSON here.")
+@click.option("--json", "json_path", type=click.Path(), help="Also write the report as JSON here.")
 @click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @batch_axis_option
 @_one_line_errors
-def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
-             skip_nonfinite, json_path, force, quiet, batch_axes) -> None:
+def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
+             skip_nonfinite, json_path, force, quiet, batch_axes, files: paths.Files) -> None:
     """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
 
     An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
@@ -293,17 +310,21 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
       lpt quantize models/digits_cnn.onnx
       lpt quantize my_model.onnx --data samples.npz --preset mixed -o build/my_model
     """
+    at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
+    model = files.model(model)
+    data = files.data(_default_data(model, data))
+    if output_prefix == "":
+        raise lpt.errors.OutputError("-o: the output prefix is empty")
     prefix = output_prefix or model.with_suffix("")
-    for path in (Path(f"{prefix}.fq.onnx"), Path(f"{prefix}.int8.onnx")):
-        _refuse_input_as_output(model, path)
-        if path.exists() and not force:
-            raise lpt.ModelError(f"{path}: already exists (pass --force to replace it)")
+    for suffix in (".fq.onnx", ".int8.onnx"):
+        files.output(f"{prefix}{suffix}", "-o" if output_prefix else "the default output", force=force)
+    json_path = files.output(json_path, "--json", force=force)
     status = console.status("loading") if not quiet and console.is_terminal else None
     if status is not None:
         status.start()
     try:
-        result = lpt.quantize(model, _default_data(model, data), preset=preset,
+        result = lpt.quantize(model, data, preset=preset,
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
                               bias_correction=not no_bias_correction, recalibrate=recalibrate,
                               skip_nonfinite=skip_nonfinite, batch_axes=axes,
@@ -316,56 +337,56 @@ def quantize(model: Path, data, output_prefix, preset, estimator, subset_size, i
     if json_path is not None:
         lpt.model_io.write_bytes(json.dumps(result.report.to_dict(), indent=2).encode(), json_path, overwrite=force)
     _print_quantize_report(result.report)
-    click.echo(f"wrote {fq_path} and {int8_path}")
+    click.echo(shown(f"wrote {fq_path} and {int8_path}"))
 
 
 def _print_quantize_report(report) -> None:
     if report.calibration is not None:
         c = report.calibration
         inserted = ", ".join(f"{n} {kind}" for kind, n in c.fake_quantizes.items())
-        console.print(f"calibrated on {c.samples} samples ({c.preset} preset, {c.estimator} estimator): "
+        say(f"calibrated on {c.samples} samples ({c.preset} preset, {c.estimator} estimator): "
                       f"FakeQuantize on {inserted}")
         for skipped in c.left_f32:
-            console.print(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
+            say(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
     else:
         console.print("the model was already fake-quantized: calibration skipped")
     ops = report.to_dict()["ops"]
-    console.print(f"int8 graph: {ops['int8']} int8 ops, {ops['quantize']} quantize, {ops['dequantize']} dequantize, "
+    say(f"int8 graph: {ops['int8']} int8 ops, {ops['quantize']} quantize, {ops['dequantize']} dequantize, "
                   f"{ops['fused']} f32 ops fused into int8 kernels, {ops['f32']} f32")
     for p in report.precisions:
         if p.precision == "f32":
-            console.print(f"  f32: {p.node} ({p.op_type}): {p.reason}")
+            say(f"  f32: {p.node} ({p.op_type}): {p.reason}")
     check = report.check
-    console.print(f"cross-check vs the FQ model: max {check.max_lsb} LSB end to end over {len(check.tensors)} quantized "
+    say(f"cross-check vs the FQ model: max {check.max_lsb} LSB end to end over {len(check.tensors)} quantized "
                   f"tensors ({_share(check.share_exact)} exactly equal), max {check.max_local_lsb} LSB per layer alone")
     for o in check.outputs:
-        console.print(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}" + (f" ({o.note})" if o.note else ""))
+        say(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}" + (f" ({o.note})" if o.note else ""))
     agreement = report.agreement
     reference = "fp32" if report.calibration is not None else "the FQ model"
     for name, a in agreement.outputs.items():
-        console.print(f"{reference} vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
+        say(f"{reference} vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
                       f"max |err| {a.max_abs_error:.3g}")
     if agreement.top1 is not None:
-        console.print(f"  top-1 agreement with {reference}: {agreement.top1.agreement:.2%}")
+        say(f"  top-1 agreement with {reference}: {agreement.top1.agreement:.2%}")
     console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items()))
 
 
 @main.command("compare")
-@click.argument("reference", type=click.Path(path_type=Path))
-@click.argument("candidate", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), required=True,
+@click.argument("reference", type=click.Path())
+@click.argument("candidate", type=click.Path())
+@click.option("--data", type=click.Path(), required=True,
               help="Inputs (.npz keyed by input name, .npy, or a folder); labels may sit in the same .npz.")
 @click.option("--labels", "labels_key", help="The key of the labels in DATA (gives top-1 accuracy of both).")
 @click.option("--backend", type=click.Choice(["lpt", "onnxruntime"]), default="lpt", show_default=True,
               help="What runs CANDIDATE: lpt's int8 backend, or onnxruntime (its own int8 kernels).")
 @click.option("--per-layer", is_flag=True, help="SQNR per layer, worst first, tensors matched by name.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the comparison as JSON here.")
-@click.option("--plot", type=click.Path(path_type=Path), help="Draw the per-layer SQNR as a PNG bar chart.")
+@click.option("--json", "json_path", type=click.Path(), help="Write the comparison as JSON here.")
+@click.option("--plot", type=click.Path(), help="Draw the per-layer SQNR as a PNG bar chart.")
 @click.option("--force", is_flag=True, help="Replace existing --json/--plot files.")
 @batch_axis_option
 @_one_line_errors
 def compare_command(reference, candidate, data, labels_key, backend, per_layer, json_path, plot, force,
-                    batch_axes) -> None:
+                    batch_axes, files: paths.Files) -> None:
     """Compare CANDIDATE (an FQ or int8 model) with REFERENCE (usually the fp32 model).
 
     Per output: SQNR, cosine similarity, max and mean absolute error; with --labels, top-1
@@ -377,8 +398,14 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
       lpt compare models/digits_cnn.onnx models/digits_cnn.ort_qdq.onnx \\
           --data models/digits_cnn.test.npz --labels labels --per-layer
     """
+    axes = parse_batch_axes(batch_axes)
+    reference = files.model(reference, "the reference model")
+    candidate = files.model(candidate, "the candidate model")
+    data = files.data(data)
+    json_path = files.output(json_path, "--json", force=force)
+    plot = files.output(plot, "--plot", force=force)
     comparison = lpt.compare(reference, candidate, data, labels=labels_key, backend=backend,
-                             per_layer=per_layer or plot is not None, batch_axes=parse_batch_axes(batch_axes))
+                             per_layer=per_layer or plot is not None, batch_axes=axes)
     result = comparison.to_dict()
     table = Table(title=f"{candidate.name} vs {reference.name} ({backend})", title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "max |err|", "mean |err|"):
@@ -388,10 +415,10 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
     console.print(table)
     if "accuracy" in result:
         acc = result["accuracy"]
-        console.print(f"top-1: reference {acc['reference']:.2%}, candidate {acc['candidate']:.2%}, "
+        say(f"top-1: reference {acc['reference']:.2%}, candidate {acc['candidate']:.2%}, "
                       f"drop {100 * acc['drop']:.2f} pt")
     elif "agreement" in result:
-        console.print(f"top-1 agreement: {result['agreement']:.2%}")
+        say(f"top-1 agreement: {result['agreement']:.2%}")
     if comparison.layers:
         layers = Table(title="per quantized tensor, worst quantization first", title_justify="left")
         for column in ("tensor", "op", "SQNR of its quantization dB", "accumulated SQNR dB", "computed in"):
@@ -405,21 +432,21 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
         lpt.model_io.write_bytes(json.dumps(result, indent=2).encode(), json_path, overwrite=force)
     if plot is not None:
         lpt.model_io.write_bytes(_plot_layers(comparison), plot, overwrite=force)
-        click.echo(f"wrote {plot}")
+        click.echo(shown(f"wrote {plot}"))
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), help="Inputs; the first sample is timed. Default: MODEL's "
+@click.argument("model", type=click.Path())
+@click.option("--data", type=click.Path(), help="Inputs; the first sample is timed. Default: MODEL's "
               ".npz beside it.")
-@click.option("--fp32", "fp32_path", type=click.Path(path_type=Path), help="The fp32 model, timed in onnxruntime "
+@click.option("--fp32", "fp32_path", type=click.Path(), help="The fp32 model, timed in onnxruntime "
               "as the baseline of the ratios.")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(1), help="Threads for every engine (lpt's integer GEMM, "
-              "BLAS and onnxruntime).")
+@click.option("--threads", default=2, show_default=True, help="Threads for every engine (lpt's integer GEMM, "
+              "BLAS and onnxruntime; at most one per core).")
 @click.option("--repeats", default=20, show_default=True, help="Timed runs per engine; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @_one_line_errors
-def bench(model: Path, data, fp32_path, threads: int, repeats: int, as_json: bool) -> None:
+def bench(model: str, data, fp32_path, threads: int, repeats: int, as_json: bool, files: paths.Files) -> None:
     """Time lpt's int8 backend against onnxruntime on a fake-quantized MODEL (batch of one sample).
 
     Reports median latency of lpt's int8 plan, of onnxruntime on the QDQ model (its own int8
@@ -433,8 +460,14 @@ def bench(model: Path, data, fp32_path, threads: int, repeats: int, as_json: boo
     from lpt.benchmark import benchmark
     from lpt.calibration.data import CalibrationData, input_specs
 
+    threads = bounded_threads("--threads", threads, 1)
+    at_least("--repeats", repeats, 1)
+    model = files.model(model)
+    data = files.data(_default_data(model, data))
+    if fp32_path is not None:
+        fp32_path = files.model(fp32_path, "the fp32 model")
     fq = lpt.load(model)
-    dataset = CalibrationData(_default_data(model, data), input_specs(fq), subset_size=1, batch_size=1)
+    dataset = CalibrationData(data, input_specs(fq), subset_size=1, batch_size=1)
     feeds = next(iter(dataset.batches()))
     fp32 = lpt.read_model(fp32_path) if fp32_path is not None else None
     result = benchmark(fq, feeds, fp32_model=fp32, threads=threads, repeats=repeats)
@@ -448,7 +481,7 @@ def bench(model: Path, data, fp32_path, threads: int, repeats: int, as_json: boo
     for engine, ms in result.median_ms.items():
         table.add_row(engine, f"{ms:.3f}", f"{ratios[engine]:.2f}" if ratios else "-")
     console.print(table)
-    click.echo("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5]))
+    click.echo(shown("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5])))
 
 
 def _plot_layers(comparison) -> bytes:

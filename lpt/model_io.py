@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import logging
+import math
+import mmap
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -13,7 +16,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from lpt.errors import ModelError
+from lpt import paths
+from lpt.errors import ModelError, OutputError, size_text
 
 logger = logging.getLogger(__name__)
 
@@ -21,10 +25,8 @@ logger = logging.getLogger(__name__)
 def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
     """Parse and check an ONNX file; every failure is a ModelError with a one-line message."""
     path = Path(path)
-    if not path.exists():
-        raise ModelError(f"{path}: no such file")
-    if not path.is_file():
-        raise ModelError(f"{path}: not a file")
+    check_model_file(path)
+    paths.note_read(path, "the model")
     try:
         proto = onnx.load_model(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError) as err:
@@ -32,9 +34,120 @@ def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
     if not proto.graph.node and not proto.graph.output:
         # protobuf parses many non-ONNX byte strings into an empty message
         raise ModelError(f"{path}: not an ONNX model (no graph found)")
-    _load_external_data(proto, path.parent.resolve())
+    _load_external_data(proto, path)
     check_model(proto, str(path))
     return prepare(proto, str(path))
+
+
+# Protobuf cannot parse a message of 2 GiB or more: a larger model keeps its weights in external data.
+MAX_MODEL_BYTES = (2 << 30) - 1
+# A ModelProto's fields: number → wire type (2: length-delimited, 0: varint).
+_MODEL_FIELDS = {f.number: 2 if f.type in (f.TYPE_MESSAGE, f.TYPE_STRING, f.TYPE_BYTES) else 0
+                 for f in onnx.ModelProto.DESCRIPTOR.fields}
+_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_FIELDS_WALKED = 100_000  # top-level fields checked; a model has a dozen
+
+
+def check_model_file(path: str | os.PathLike) -> int:
+    """The size of the file at `path`, once it is known to be a plausible ONNX model, before it is read.
+
+    Refused with a ModelError: a missing file, anything but a regular file (a FIFO would block the
+    read forever), an empty file, one of 2 GiB or more (what protobuf can parse), and one whose
+    top-level fields cannot be a ModelProto's: the tags and lengths are walked without reading the
+    contents (a file of zeros fails at its first byte, a truncated one where a field overruns the
+    end), and a graph must be among them.
+    """
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ModelError(f"{path}: not a file (a folder)")
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelError(f"{path}: not a regular file ({paths.kind(info.st_mode)}); lpt reads models from files")
+    if info.st_size == 0:
+        raise ModelError(f"{path}: an empty file, not an ONNX model")
+    if info.st_size > MAX_MODEL_BYTES:
+        raise ModelError(f"{path}: {size_text(info.st_size)}, more than the 2 GiB an ONNX file can hold (protobuf's "
+                         "limit); a larger model keeps its weights in external data files")
+    try:
+        with open(path, "rb") as f:
+            _walk_model_fields(f, info.st_size, path)
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
+    return info.st_size
+
+
+def _walk_model_fields(f, size: int, path: Path) -> None:
+    offset, graph = 0, False
+    for count in range(_FIELDS_WALKED):
+        if offset >= size:
+            break
+        start = offset
+        tag, offset = _varint(f, offset, size)
+        number, wire = (tag >> 3, tag & 7) if tag is not None else (0, 0)
+        if number == 0 or wire not in (0, 1, 2, 5) or _MODEL_FIELDS.get(number, wire) != wire:
+            if count == 0:
+                raise ModelError(f"{path}: not an ONNX model (its first bytes cannot start one)")
+            raise ModelError(f"{path}: not an ONNX model, or a corrupt one (no valid field at byte {start})")
+        if wire == 0:
+            value, offset = _varint(f, offset, size)
+            if value is None:
+                raise ModelError(f"{path}: not an ONNX model, or a truncated one (field {number} at byte {start} "
+                                 "is cut off)")
+        else:
+            if wire == 2:
+                length, offset = _varint(f, offset, size)
+                if length is None:
+                    raise ModelError(f"{path}: not an ONNX model, or a truncated one (field {number} at byte "
+                                     f"{start} is cut off)")
+            else:
+                length = 8 if wire == 1 else 4
+            offset += length
+            if offset > size:
+                name = "the graph" if number == _GRAPH_FIELD else f"field {number}"
+                raise ModelError(f"{path}: not an ONNX model, or a truncated one ({name} at byte {start} runs "
+                                 f"{offset - size} bytes past the end of the file)")
+            f.seek(offset)
+        graph = graph or number == _GRAPH_FIELD
+    else:
+        return  # a file of that many fields: left to the parser
+    if not graph:
+        raise ModelError(f"{path}: not an ONNX model (no graph found)")
+
+
+def _varint(f, offset: int, size: int) -> tuple[int | None, int]:
+    """A protobuf varint at `offset` (None if cut off by the end of the file, or longer than 10 bytes)."""
+    value = 0
+    for shift in range(0, 70, 7):
+        byte = f.read(1)
+        if not byte:
+            return None, size
+        offset += 1
+        value |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return value, offset
+    return None, offset
+
+
+def model_files(path: str | os.PathLike) -> list[Path]:
+    """The model file, then the external data files it names, checked as `read_model` checks them
+    (check_model_file; external data inside the model's folder, regular files, sizes that fit the
+    tensors), without loading any tensor. The model is parsed only if it can hold external data."""
+    path = Path(path)
+    check_model_file(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        external = view.find(b"location") >= 0  # every external tensor names its file under this key
+    if not external:
+        return [path]
+    try:
+        proto = onnx.load_model(str(path), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError) as err:
+        raise ModelError(f"{path}: not an ONNX model, or a truncated one ({_first_line(err)})") from None
+    return [path, *sorted({target for _, target in _external_tensors(proto, path)})]
 
 
 def read_model(path: str | os.PathLike) -> ir.Model:
@@ -78,27 +191,93 @@ def check_model(proto: onnx.ModelProto, label: str = "model") -> None:
         raise ModelError(f"{label}: fails onnx.checker: {_first_line(err)}") from None
 
 
-def _load_external_data(proto: onnx.ModelProto, base_dir: Path) -> None:
-    """Load external tensors only from files inside the model's own folder."""
-    tensors = [
-        t
-        for t in onnx.external_data_helper._get_all_tensors(proto)
-        if onnx.external_data_helper.uses_external_data(t)
-    ]
-    for tensor in tensors:
-        info = onnx.external_data_helper.ExternalDataInfo(tensor)
+def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Load external tensors, checked by _external_tensors, only from files inside the model's own folder."""
+    found = _external_tensors(proto, path)
+    for _, target in found:
+        paths.note_read(target, f"external data of the model {path}")
+    if found:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent.resolve()))
+        except (OSError, ValueError, onnx.checker.ValidationError) as err:
+            raise ModelError(f"{path}: cannot read its external data ({_first_line(err)})") from None
+
+
+def _external_tensors(proto: onnx.ModelProto, path: Path) -> list[tuple[onnx.TensorProto, Path]]:
+    """(tensor, file) of every tensor kept in external data, each checked before anything is read:
+    the file lies inside the model's folder and is a regular file, the declared length is what the
+    tensor's dims and type take, that many bytes lie in the file from the offset (the length is set
+    where the model leaves it out, so no more is ever read), and all of them fit this machine's memory."""
+    base_dir = path.parent.resolve()
+    found, total = [], 0
+    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            continue
+        name = tensor.name
+        try:
+            info = onnx.external_data_helper.ExternalDataInfo(tensor)
+        except ValueError as err:
+            raise ModelError(f"{path}: tensor {name!r}: {_first_line(err)}") from None
         location = Path(info.location)
         target = (base_dir / location).resolve()
         # Checked before anything is opened: a model must not make lpt read /etc/passwd.
-        if location.is_absolute() or not target.is_relative_to(base_dir):
+        if not info.location or location.is_absolute() or not target.is_relative_to(base_dir):
             raise ModelError(
-                f"tensor {tensor.name!r}: external data path {info.location!r} points outside "
+                f"tensor {name!r}: external data path {info.location!r} points outside "
                 f"the model's folder {base_dir}; refusing to read it"
             )
-        if not target.is_file():
-            raise ModelError(f"tensor {tensor.name!r}: external data file {info.location!r} is missing")
-    if tensors:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(base_dir))
+        try:
+            mode = os.stat(target)
+        except OSError:
+            raise ModelError(f"tensor {name!r}: external data file {info.location!r} is missing") from None
+        if not stat.S_ISREG(mode.st_mode):
+            raise ModelError(f"tensor {name!r}: external data file {info.location!r} is not a regular file "
+                             f"({paths.kind(mode.st_mode)})")
+        offset, needed = info.offset or 0, _tensor_bytes(tensor, path)
+        if needed is not None:
+            if info.length is not None and info.length != needed:
+                raise ModelError(f"{path}: tensor {name!r} declares {info.length} bytes of external data, but its "
+                                 f"dims {list(tensor.dims)} take {needed}")
+            if offset + needed > mode.st_size:
+                raise ModelError(f"{path}: tensor {name!r} takes {size_text(needed)} from byte {offset} of "
+                                 f"{info.location!r}, which holds {size_text(mode.st_size)}")
+            if info.length is None:
+                tensor.external_data.add(key="length", value=str(needed))
+            total += needed
+        found.append((tensor, target))
+    memory = _machine_memory()
+    if memory is not None and total > memory:
+        raise ModelError(f"{path}: its external tensors take {size_text(total)}, more than this machine's memory "
+                         f"({size_text(memory)})")
+    return found
+
+
+# Bits per element of the packed ONNX types (two or four values to a byte).
+_PACKED_BITS = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+
+
+def _tensor_bytes(tensor: onnx.TensorProto, path: Path) -> int | None:
+    """The bytes a tensor's dims and type take as raw data (None for a type of no fixed size)."""
+    if any(d < 0 for d in tensor.dims):
+        raise ModelError(f"{path}: tensor {tensor.name!r} has a negative dim {list(tensor.dims)}")
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    count = math.prod(tensor.dims)
+    type_name = onnx.TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in \
+        onnx.TensorProto.DataType.values() else None
+    if type_name in _PACKED_BITS:
+        return (count * _PACKED_BITS[type_name] + 7) // 8
+    try:
+        return count * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _machine_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
@@ -135,17 +314,33 @@ def write_arrays(arrays: dict[str, np.ndarray], path: str | os.PathLike, *, over
 
 
 def write_bytes(data: bytes, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write `data` to a temp file beside `path`, then rename it over: readers never see half a file."""
+    """Write `data` to a temp file beside `path`, then rename it over: readers never see half a file.
+
+    Never over a file the running command reads (lpt.paths.check_write), nor over an existing file
+    unless asked. The temp file's name is short (.lpt-XXXXXXXX.tmp), so any name the folder takes
+    can be written; a failed write (read-only or full disk) is an OutputError naming the file.
+    """
+    if os.fspath(path) == "":
+        raise OutputError("the output path is empty")
     path = Path(path)
-    if path.exists() and not overwrite:
+    paths.check_write(path)
+    if os.path.isdir(path):
+        raise OutputError(f"{path}: is a folder; give a file path")
+    if os.path.exists(path) and not overwrite:
         raise ModelError(f"{path}: already exists (pass --force / overwrite=True to replace it)")
-    if not path.parent.is_dir():
+    if not os.path.isdir(path.parent):
         raise ModelError(f"{path.parent}: no such folder")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".lpt-", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise OutputError(f"{path}: cannot write in folder {path.parent} ({err.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write ({err.strerror or _first_line(err)})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -25,8 +25,11 @@ that does not fit, inputs holding different numbers of samples, an empty dataset
 from __future__ import annotations
 
 import logging
+import math
 import os
+import stat
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,13 +37,19 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from lpt.errors import DataError
+from lpt import paths
+from lpt.errors import DataError, size_text
 
 logger = logging.getLogger(__name__)
 
 # A batch holds at most this many bytes of inputs: its activations are many times that, on every
 # backend (one 3×640×640 image is 4.9 MB, so three per batch; small samples stay at batch_size).
 BATCH_INPUT_BYTES = 16 << 20
+# The most lpt reads of one array at once: an array read whole (a fixed input's value, labels, samples
+# not on axis 0 of an .npz member), or one sample. A header claiming more is refused before the read.
+MAX_READ_BYTES = 1 << 30
+# What breaks while reading a zip member: a corrupt or truncated file, an unsupported compression.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, RuntimeError, NotImplementedError)
 
 _GUESS = "guess"  # InputSpec's default batch axis: default_batch_axis(shape)
 
@@ -141,21 +150,97 @@ def data_beside(model: str | os.PathLike) -> Path:
                     "input name, a .npy for a single-input model, or a folder of them)")
 
 
+@dataclass(frozen=True)
+class NpzMembers:
+    """An .npz read without some of its keys (the labels beside the inputs), streamed like a path."""
+
+    path: Path
+    without: frozenset[str]
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
 def split_labels(data, labels: str | None, input_names: list[str]):
     """(inputs, labels or None). Labels travel in the same .npz or dict as the inputs, under
     `labels`; a key named "labels" that is not an input (a test file's, when none are asked
-    for) is left out. An .npz without labels stays a path, read a batch at a time."""
+    for) is left out. An .npz stays on disk, read a batch at a time (NpzMembers when keys are left
+    out); only the labels are read whole, after their header. There must be one label per sample:
+    as many as the inputs hold on axis 0."""
     if isinstance(data, (str, os.PathLike)) and str(data).endswith(".npz") and Path(data).is_file():
-        with np.load(data, allow_pickle=False) as archive:
-            if labels is None and ("labels" not in archive.files or "labels" in input_names):
-                return data, None
-            data = {k: archive[k] for k in archive.files}
+        path = Path(data)
+        keys = _npz_keys(path)
+        if labels is None and ("labels" not in keys or "labels" in input_names):
+            return data, None
+        if labels is not None and labels not in keys:
+            raise DataError(f"{path}: no labels under key {labels!r} (its keys: {', '.join(map(repr, keys))})")
+        left_out = frozenset(k for k in keys if k not in input_names and k in (labels, "labels"))
+        if labels is None:
+            return NpzMembers(path, left_out), None
+        label_array = _npz_array(path, labels)
+        _check_label_count(str(path), labels, label_array, _npz_shapes(path, left_out), input_names)
+        return NpzMembers(path, left_out), label_array
     if labels is not None and (not isinstance(data, dict) or labels not in data):
         raise DataError(f"no labels under key {labels!r} in the data")
     if not isinstance(data, dict):
         return data, None
     inputs = {k: v for k, v in data.items() if k in input_names or k not in (labels, "labels")}
-    return inputs, None if labels is None else np.asarray(data[labels])
+    if labels is None:
+        return inputs, None
+    label_array = np.asarray(data[labels])
+    _check_label_count("the data", labels, label_array, {k: np.shape(v) for k, v in inputs.items()}, input_names)
+    return inputs, label_array
+
+
+def _check_label_count(where: str, key: str, labels: np.ndarray, shapes: dict, input_names: list[str]) -> None:
+    """One label per sample: as many labels as some input holds on axis 0 (a state [2, N, 128] beside
+    an input [N, T] holds 2 there; the input N)."""
+    if labels.ndim == 0:
+        raise DataError(f"{where}: the labels under key {key!r} are one value, not one label per sample")
+    counts = {k: shape[0] for k, shape in shapes.items() if len(shape)}
+    if counts and len(labels) not in counts.values():
+        name = next((k for k in input_names if k in counts), next(iter(counts)))
+        raise DataError(f"{where}: {len(labels)} labels under key {key!r}, but input {name!r} holds "
+                        f"{counts[name]} samples; give one label per sample")
+
+
+def _npz_keys(path: Path) -> list[str]:
+    """The keys of an .npz's arrays, from its zip directory."""
+    with _open_zip(path) as archive:
+        return [m[:-4] for m in archive.namelist() if m.endswith(".npy")]
+
+
+def _npz_shapes(path: Path, without: frozenset[str]) -> dict[str, tuple[int, ...]]:
+    """{key: shape} of an .npz's arrays but `without`, from their headers (nothing else is read)."""
+    archive = _open_zip(path)
+    with archive:
+        shapes = {}
+        for member in archive.namelist():
+            if member.endswith(".npy") and member[:-4] not in without:
+                reader = _NpyMember(archive, member, path, None, scalar_ok=True)
+                shapes[member[:-4]] = reader.shape
+                reader.close()
+        return shapes
+
+
+def _npz_array(path: Path, key: str) -> np.ndarray:
+    """One array of an .npz, read whole once its header says it fits MAX_READ_BYTES."""
+    archive = _open_zip(path)
+    with archive:
+        reader = _NpyMember(archive, f"{key}.npy", path, None)
+        try:
+            reader.refuse_above(reader.nbytes, "the array")
+            return reader.read(reader.rows)
+        finally:
+            reader.close()
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    paths.note_read(path, "the data")
+    try:
+        return zipfile.ZipFile(path)
+    except _ZIP_ERRORS as err:
+        raise DataError(f"{path}: not a readable .npz file ({_first_line(err)})") from None
 
 
 def input_specs(model: ir.Model) -> list[InputSpec]:
@@ -195,6 +280,11 @@ class CalibrationData:
                  skip_nonfinite: bool = False, batch_axes: Mapping[str, int | None] | None = None):
         if not specs:
             raise DataError("the model has no inputs to feed")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise DataError(f"batch size {batch_size!r}: must be a whole number of at least 1")
+        if subset_size is not None and (isinstance(subset_size, bool) or not isinstance(subset_size, (int, np.integer))
+                                        or subset_size < 1):
+            raise DataError(f"subset size {subset_size!r}: must be a whole number of at least 1")
         specs = with_batch_axes(specs, batch_axes)
         self.specs = {s.name: s for s in specs}
         self.subset_size = subset_size
@@ -440,7 +530,9 @@ def _take(pending: list[dict[str, np.ndarray]], n: int):
 
 
 def _chunks(source, specs: dict[str, InputSpec], rows: int) -> Iterator:
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, NpzMembers):
+        yield from _npz_chunks(source.path, specs, rows, source.without)
+    elif isinstance(source, (str, os.PathLike)):
         yield from _path_chunks(Path(source), specs, rows)
     elif isinstance(source, np.ndarray):
         yield _single_input(source, specs, "the array")
@@ -466,10 +558,16 @@ def _path_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator
         files = _data_files(path)
         for file in files:
             yield from _file_chunks(file, specs, rows)
-    elif path.is_file():
-        yield from _file_chunks(path, specs, rows)
-    else:
-        raise DataError(f"{path}: no such file or folder")
+        return
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file or folder") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever
+        raise DataError(f"{path}: not a regular file ({paths.kind(info.st_mode)}); give a .npz, a .npy or a folder")
+    yield from _file_chunks(path, specs, rows)
 
 
 def _data_files(folder: Path) -> list[Path]:
@@ -504,51 +602,68 @@ def _samples(shape: tuple[int, ...], spec: InputSpec | None) -> int | None:
 
 
 def _file_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """The file's samples, `rows` at a time along each input's batch axis (one batch: memory does not
-    grow with the file); a fixed input's value whole, with every chunk."""
+    """The file's samples, `rows` at a time along each input's batch axis (fewer where samples are
+    large: one batch's memory does not grow with the file); a fixed input's value whole, with every chunk."""
     if path.suffix == ".npy":
+        paths.note_read(path, "the data")
         spec = _single_spec(specs)
         array = _open_npy(path, batched=spec is None or spec.batch_axis is not None)
         axis = _stream_axis(array.shape, spec)
         if axis is None:
+            _refuse_above(str(path), array.nbytes, "the array")
             yield _single_input(np.asarray(array), specs, str(path))
             return
-        for start in range(0, max(array.shape[axis], 1), rows):  # a memory map: only this slice is read
-            yield _single_input(np.asarray(_along(array, axis, start, start + rows)), specs, str(path))
+        step = _rows_per_read(str(path), array.nbytes // max(array.shape[axis], 1), rows)
+        for start in range(0, max(array.shape[axis], 1), step):  # a memory map: only this slice is read
+            yield _single_input(np.asarray(_along(array, axis, start, start + step)), specs, str(path))
     elif path.suffix == ".npz":
         yield from _npz_chunks(path, specs, rows)
     else:
         raise DataError(f"{path}: not a .npz or .npy file")
 
 
+def _refuse_above(where: str, size: int, what: str) -> None:
+    if size > MAX_READ_BYTES:
+        raise DataError(f"{where}: {what} takes {size_text(size)}, more than the {size_text(MAX_READ_BYTES)} lpt "
+                        "reads at once")
+
+
+def _rows_per_read(where: str, sample_bytes: int, rows: int) -> int:
+    """At most `rows` samples, and no more than BATCH_INPUT_BYTES of them (at least one, if it fits MAX_READ_BYTES)."""
+    _refuse_above(where, sample_bytes, "one sample")
+    return max(1, min(rows, BATCH_INPUT_BYTES // max(sample_bytes, 1)))
+
+
 def _open_npy(path: Path, batched: bool = True) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
+    except Exception as err:  # noqa: BLE001 - a garbled header raises what numpy's tokenizer meets
         raise DataError(f"{path}: not a readable .npy file ({_first_line(err)})") from None
     if array.ndim == 0 and batched:
         raise DataError(f"{path}: holds a scalar, not a batch of samples")
     return array
 
 
-def _npz_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """Every array in the .npz, `rows` samples at a time, read straight from the zip members."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as err:
-        raise DataError(f"{path}: not a readable .npz file ({_first_line(err)})") from None
+def _npz_chunks(path: Path, specs: dict[str, InputSpec], rows: int,
+                without: frozenset[str] = frozenset()) -> Iterator[dict[str, np.ndarray]]:
+    """Every array in the .npz (but the keys `without`), `rows` samples at a time (fewer where samples
+    are large), read straight from the zip members once their headers are checked."""
+    archive = _open_zip(path)
     with archive:
-        members = [m for m in archive.namelist() if m.endswith(".npy")]
+        members = [m for m in archive.namelist() if m.endswith(".npy") and m[:-4] not in without]
         if not members:
             raise DataError(f"empty dataset: {path} holds no arrays")
-        readers = {m[:-4]: _NpyMember(archive, m, path, specs.get(m[:-4])) for m in members}
+        readers: dict[str, _NpyMember] = {}
         try:
+            for m in members:
+                readers[m[:-4]] = _NpyMember(archive, m, path, specs.get(m[:-4]))
             batched = {k: r for k, r in readers.items() if r.rows is not None}
             inputs = {k: r for k, r in batched.items() if k in specs}
             _same_counts(str(path), {k: r.rows for k, r in inputs.items()}, {k: specs[k].batch_axis for k in inputs})
             n = max((r.rows for r in batched.values()), default=1)
-            for _ in range(0, n, rows):
-                yield {k: r.read(rows) for k, r in readers.items()}
+            step = _rows_per_read(str(path), sum(r.sample_bytes for r in batched.values()), rows)
+            for _ in range(0, n, step):
+                yield {k: r.read(step) for k, r in readers.items()}
         finally:
             for r in readers.values():
                 r.close()
@@ -557,35 +672,61 @@ def _npz_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator[
 class _NpyMember:
     """A .npy inside a zip, read a few samples at a time (no pickles: object arrays are refused).
 
-    Only samples on axis 0 of a C-order array are streamed. A fixed input's value (or one sample
-    without its batch axis) is read whole and given with every read; so are column-major arrays
-    and arrays whose samples lie on another axis (a state [2, N, 128]): their samples are not
-    contiguous in the file, and the zip stream cannot seek back for each batch.
+    Its header is checked against the zip's record of the member's size before anything else is
+    read, so a header cannot claim more data than the member holds. Only samples on axis 0 of a
+    C-order array are streamed. A fixed input's value (or one sample without its batch axis) is read
+    whole and given with every read; so are column-major arrays and arrays whose samples lie on
+    another axis (a state [2, N, 128]): their samples are not contiguous in the file, and the zip
+    stream cannot seek back for each batch. What is read whole must fit MAX_READ_BYTES.
     """
 
-    def __init__(self, archive: zipfile.ZipFile, member: str, path: Path, spec: InputSpec | None):
+    def __init__(self, archive: zipfile.ZipFile, member: str, path: Path, spec: InputSpec | None,
+                 scalar_ok: bool = False):
         self.where = f"{path}[{member[:-4]}]"
-        self.file = archive.open(member)
+        self.file = None
         try:
+            self.file = archive.open(member)
             shape, fortran, dtype = _read_header(self.file)
-        except (ValueError, OSError, EOFError) as err:
+            held = archive.getinfo(member).file_size - self.file.tell()
+        except KeyError:
+            raise DataError(f"{path}: no array under key {member[:-4]!r}") from None
+        except _ZIP_ERRORS as err:
+            self.close()
             raise DataError(f"{self.where}: not a readable array ({_first_line(err)})") from None
         if dtype.hasobject:
+            self.close()
             raise DataError(f"{self.where}: holds Python objects; only numeric arrays are read (no pickles)")
-        if not shape and (spec is None or spec.batch_axis is not None):
+        if not shape and not scalar_ok and (spec is None or spec.batch_axis is not None):
+            self.close()
             raise DataError(f"{self.where}: holds a scalar, not a batch of samples")
         self.shape, self.dtype = shape, dtype
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        if self.nbytes != held:
+            self.close()
+            raise DataError(f"{self.where}: its header declares {dtype} {list(shape)} ({size_text(self.nbytes)}), "
+                            f"but the member holds {size_text(max(held, 0))}")
         self.axis = _stream_axis(shape, spec)
         self.rows = _samples(shape, spec)  # None: a fixed input's value
+        self.sample_bytes = 0 if self.axis is None else self.nbytes // max(shape[self.axis], 1)
         self.whole = None
-        if self.axis != 0 or (fortran and len(shape) > 1):
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            self.whole = np.frombuffer(self._read_bytes(size), dtype)
-            self.whole = self.whole.reshape(shape[::-1]).T if fortran else self.whole.reshape(shape)
         self.done = 0
+        if scalar_ok:
+            return  # only the header was wanted
+        if self.axis != 0 or (fortran and len(shape) > 1):
+            self.refuse_above(self.nbytes, "the array, read whole (its samples are not on axis 0, or it is one value)")
+            self.whole = np.frombuffer(self._read_bytes(self.nbytes), dtype)
+            self.whole = self.whole.reshape(shape[::-1]).T if fortran else self.whole.reshape(shape)
+
+    def refuse_above(self, size: int, what: str) -> None:
+        if size > MAX_READ_BYTES:
+            self.close()
+            _refuse_above(self.where, size, what)
 
     def _read_bytes(self, n: int) -> bytes:
-        data = self.file.read(n)
+        try:
+            data = self.file.read(n)
+        except _ZIP_ERRORS as err:
+            raise DataError(f"{self.where}: corrupt data ({_first_line(err)})") from None
         if len(data) != n:
             raise DataError(f"{self.where}: truncated array")
         return data
@@ -598,26 +739,34 @@ class _NpyMember:
         if self.whole is not None:
             out = _along(self.whole, self.axis, self.done, self.done + n)
         else:
-            row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-            out = np.frombuffer(self._read_bytes(n * row), self.dtype).reshape((n, *self.shape[1:]))
+            out = np.frombuffer(self._read_bytes(n * self.sample_bytes), self.dtype).reshape((n, *self.shape[1:]))
         self.done += n
         return out
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 def _read_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, fortran_order, dtype) of the .npy that `f` is positioned at the start of."""
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    return np.lib.format.read_array_header_2_0(f)
+    """(shape, fortran_order, dtype) of the .npy that `f` is positioned at the start of. A garbled
+    header is a ValueError (numpy's parser raises what its tokenizer meets: TokenError, SyntaxError, ...)."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        return np.lib.format.read_array_header_2_0(f)
+    except _ZIP_ERRORS:
+        raise
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        raise ValueError(f"a garbled .npy header ({_first_line(err)})") from None
 
 
 def _known_length(source, specs: dict[str, InputSpec]) -> int | None:
     """How many samples a source holds, if that can be known without reading it."""
     try:
+        if isinstance(source, NpzMembers):
+            return _file_length(source.path, specs, source.without)
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             files = _data_files(path) if path.is_dir() else [path]
@@ -630,12 +779,12 @@ def _known_length(source, specs: dict[str, InputSpec]) -> int | None:
         if isinstance(source, Mapping):
             first = np.asarray(source[batched[0].name])
             return _samples(first.shape, batched[0]) if first.ndim else None
-    except (KeyError, DataError, OSError, ValueError, TypeError, zipfile.BadZipFile):
+    except (KeyError, DataError, TypeError, *_ZIP_ERRORS):
         return None
     return None
 
 
-def _file_length(path: Path, specs: dict[str, InputSpec]) -> int:
+def _file_length(path: Path, specs: dict[str, InputSpec], without: frozenset[str] = frozenset()) -> int:
     if path.suffix == ".npy":
         spec = _single_spec(specs)
         samples = _samples(_open_npy(path, batched=False).shape, spec)
@@ -643,7 +792,7 @@ def _file_length(path: Path, specs: dict[str, InputSpec]) -> int:
     with zipfile.ZipFile(path) as archive:
         rows, arrays = [], 0
         for member in archive.namelist():
-            if member.endswith(".npy"):
+            if member.endswith(".npy") and member[:-4] not in without:
                 arrays += 1
                 with archive.open(member) as f:
                     shape, _, _ = _read_header(f)
@@ -654,7 +803,7 @@ def _file_length(path: Path, specs: dict[str, InputSpec]) -> int:
 
 
 def _label(source) -> str:
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike, NpzMembers)):
         return str(source)
     return "the data"
 
