@@ -58,12 +58,7 @@ def check_model_file(path: str | os.PathLike) -> int:
     end), and a graph must be among them.
     """
     path = Path(path)
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except OSError as err:
-        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
+    info = paths.stat_of(path, ModelError, "no such file")
     if stat.S_ISDIR(info.st_mode):
         raise ModelError(f"{path}: not a file (a folder)")
     if not stat.S_ISREG(info.st_mode):

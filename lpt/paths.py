@@ -31,6 +31,16 @@ from lpt.errors import DataError, ModelError, OutputError
 DATA_SUFFIXES = (".npz", ".npy")
 
 
+def stat_of(path: Path, error: type[Exception], missing: str) -> os.stat_result:
+    """os.stat(path), or `error` in one line: `missing` when there is no such path, else why it cannot be read."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{path}: {missing}") from None
+    except OSError as err:
+        raise error(f"{path}: cannot read ({err.strerror})") from None
+
+
 @dataclass(frozen=True)
 class Read:
     """A file a command reads: as given, what it is to the command ("the data"), and its identity."""
@@ -65,12 +75,7 @@ class Files:
     def data(self, path: str | os.PathLike, what: str = "the data") -> Path:
         """A data path: a regular file, or a folder whose .npz/.npy files are all inputs."""
         path = _given(path, what, DataError)
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such file or folder") from None
-        except OSError as err:
-            raise DataError(f"{path}: cannot read ({err.strerror})") from None
+        info = stat_of(path, DataError, "no such file or folder")
         if stat.S_ISDIR(info.st_mode):
             self.data_folders.append((os.path.realpath(path), path))
             for file in sorted(path.iterdir()):

@@ -559,12 +559,7 @@ def _path_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator
         for file in files:
             yield from _file_chunks(file, specs, rows)
         return
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file or folder") from None
-    except OSError as err:
-        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    info = paths.stat_of(path, DataError, "no such file or folder")
     if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever
         raise DataError(f"{path}: not a regular file ({paths.kind(info.st_mode)}); give a .npz, a .npy or a folder")
     yield from _file_chunks(path, specs, rows)
