@@ -177,7 +177,7 @@ def test_the_mlas_route_gathers_in_blocks_with_the_same_integers(monkeypatch):
     weights = rng.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8)
     packed = pack_conv(weights, 0, 17, strides=[2, 1], pads=[1, 1, 1, 1])
     if packed.int8_gemm is None:
-        pytest.skip("LPT_INT8_GEMM=off: no MLAS route")
+        pytest.skip("LPT_INT8_GEMM=off: lpt takes no MLAS route here, so there is no block gather to check")
     whole = conv_accumulate(src, packed)
     monkeypatch.setattr(conv_module, "IM2COL_BYTES", 2 * 7 * 36)  # two output rows of 7 positions, 36 taps·C
     np.testing.assert_array_equal(conv_accumulate(src, packed), whole)
