@@ -13,16 +13,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx_ir as ir
 
+from lpt.backend.chains import is_quantize, read_quantization
 from lpt.calibration.data import CalibrationData, input_specs, split_labels
 from lpt.crosscheck import run_fake_quantized, run_onnxruntime
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
 from lpt.metrics import Agreement, TopOne, is_classifier_output
-from lpt.numerics.levels import level_range
 
 BACKENDS = ("lpt", "onnxruntime")
 
@@ -61,21 +60,6 @@ class Comparison:
                               "accumulated_sqnr_db": layer.accumulated_sqnr_db, "precision": layer.precision}
                              for layer in self.layers]
         return out
-
-
-def _dequantize_function(node: ir.Node):
-    """Integers of a quantize node → the float values they stand for."""
-    if node.domain == "lpt":
-        il, ih = const_array(node.inputs[1]), const_array(node.inputs[2])
-        levels = node.attributes["levels"].as_int()
-        qmin, _ = level_range(levels, ir.DataType(node.attributes["to"].as_int()) == ir.DataType.INT8)
-        scale = (ih - il) / np.float32(levels - 1)
-        return lambda q: (q.astype(np.float32) - (qmin - il / scale)) * scale
-    scale = const_array(node.inputs[1])
-    zero_point = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else 0
-    if scale.size > 1:
-        return None
-    return lambda q: (q.astype(np.int32) - np.int32(zero_point)).astype(np.float32) * scale
 
 
 def compare(reference, candidate, data, *, labels: str | None = None, backend: str = "lpt",
@@ -160,14 +144,14 @@ def _quantized_probes(int8: ir.Model, plan, reference_names: set[str]) -> dict:
     inputs = set(plan.inputs)
     probes = {}
     for node in int8.graph:
-        if (node.op_type, node.domain) not in (("QuantizeLinear", ""), ("Quantize", "lpt")):
+        quantization = read_quantization(node) if is_quantize(node) else None
+        if quantization is None:
             continue
         source, quantized = node.inputs[0].name, node.outputs[0].name
-        dequantize = _dequantize_function(node)
-        if source in reference_names and quantized in step_of and dequantize is not None:
+        if source in reference_names and quantized in step_of:
             # Computed inside an int8 step (fused, never materialized) or by one: int8; else f32.
             producer = step_of.get(source)
             precision = ("input" if source in inputs else
                          "int8" if producer is None or producer.backend == "int8 kernel" else "f32")
-            probes[source] = (quantized, dequantize, precision)
+            probes[source] = (quantized, quantization.dequantize, precision)
     return probes

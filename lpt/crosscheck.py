@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from lpt.backend.int8_steps import quantize_function
+from lpt.backend.chains import is_quantize, read_quantization
 from lpt.backend.plan import Plan
 from lpt.export.portable import to_portable
 from lpt.model_io import to_proto
@@ -72,11 +72,10 @@ def quantized_tensor_agreement(int8_model: ir.Model, plan: Plan, fq_model: ir.Mo
     fq_names |= {v.name for v in fq_model.graph.inputs}
     targets = []
     for node in int8_model.graph:
-        is_quantize = (node.op_type, node.domain) in (("QuantizeLinear", ""), ("Quantize", "lpt"))
-        if is_quantize and node.inputs[0].name in fq_names:
-            function = quantize_function(node)
-            if function is not None:
-                targets.append((node.inputs[0].name, node.outputs[0].name, function))
+        if is_quantize(node) and node.inputs[0].name in fq_names:
+            quantization = read_quantization(node)
+            if quantization is not None:
+                targets.append((node.inputs[0].name, node.outputs[0].name, quantization.quantize))
     if not targets:
         return []
     reference, _ = run_fake_quantized(fq_model, feeds, sorted({t[0] for t in targets}))

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.plan import Step
+from lpt.backend.step import Step
 from lpt.graph.constants import const_array
 from lpt.kernels.conv import with_src_zero_point
 from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_linear

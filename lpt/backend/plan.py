@@ -12,29 +12,19 @@ import heapq
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
+from lpt.backend.int8_steps import try_int8_step, try_join_step
+from lpt.backend.onnx_int8_steps import try_onnx_int8_step
+from lpt.backend.step import Step
 from lpt.errors import DataError, ModelError
 from lpt.graph.constants import const_array
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One call in the plan: `run(*inputs) -> outputs`, for the nodes it covers."""
-
-    run: Callable[..., list[np.ndarray]]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    nodes: tuple[str, ...]
-    op_types: tuple[str, ...]
-    backend: str  # "int8 kernel", "onnxruntime" or "onnx reference"
 
 
 @dataclass
@@ -98,8 +88,6 @@ def compile_model(model: ir.Model, threads: int = 0) -> Plan:
     over both branches; then every other node in order. What no int8 step claims stays in f32,
     and the steps are ordered (`_schedule`) so that f32 nodes run in as few regions as possible.
     """
-    from lpt.backend.int8_steps import try_int8_step, try_join_step
-    from lpt.backend.onnx_int8_steps import try_onnx_int8_step
     from lpt.model_io import used_domains
 
     model = _typed(model)

@@ -24,6 +24,9 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
 
+from lpt import kernels
+from lpt.backend.chains import read_int8_layer
+from lpt.backend.step import Int8Layer
 from lpt.export.portable import to_portable
 from lpt.graph.constants import add_constant, const_array
 from lpt.graph.rewrite import replace_value
@@ -38,53 +41,31 @@ class ExportReport:
     approximated: list[str] = field(default_factory=list)  # where the standard form rounds differently
 
 
-def _only_consumer(value: ir.Value, op_type: str) -> ir.Node | None:
-    users = list(value.consumers())
-    if len(users) == 1 and not value.is_graph_output() and users[0].op_type == op_type and users[0].domain in ("", "ai.onnx"):
-        return users[0]
-    return None
-
-
-def _bias_of(add: ir.Node, value: ir.Value) -> np.ndarray | None:
-    """The constant `add` adds to `value`, on either side."""
-    other = next((v for v in add.inputs if v is not value), None)
-    return const_array(other) if other is not None else None
-
-
-def _chain(node: ir.Node):
-    """(cast, mul, add, relu, quantize) after an integer Conv/MatMul, or None."""
-    cast = _only_consumer(node.outputs[0], "Cast")
-    mul = _only_consumer(cast.outputs[0], "Mul") if cast else None
-    if mul is None or const_array(mul.inputs[1]) is None:
-        return None
-    last, add, relu = mul, None, None
-    if (candidate := _only_consumer(last.outputs[0], "Add")) and _bias_of(candidate, last.outputs[0]) is not None:
-        add = last = candidate
-    if candidate := _only_consumer(last.outputs[0], "Relu"):
-        relu = last = candidate
-    quantize = _only_consumer(last.outputs[0], "QuantizeLinear")
-    if quantize is None or len(quantize.inputs) < 3 or const_array(quantize.inputs[1]) is None:
-        return None
-    y_scale, y_zp = const_array(quantize.inputs[1]), const_array(quantize.inputs[2])
-    if y_scale.size != 1 or y_zp is None:
-        return None
-    if relu is not None and int(y_zp) != np.iinfo(y_zp.dtype).min:
-        return None
-    if node.inputs[0].dtype.numpy() != y_zp.dtype:
-        return None  # onnxruntime's QLinear kernels want the output type equal to the input type
-    return cast, mul, add, relu, quantize
+def _fits_qlinear(node: ir.Node, layer: Int8Layer, nodes: list[ir.Node]) -> bool:
+    """Whether QLinearConv/QLinearMatMul can say what the chain computes."""
+    destination, quantize = layer.destination, nodes[-1]
+    if layer.multiplier is None or destination is None or not destination.is_per_tensor:
+        return False
+    if quantize.op_type != "QuantizeLinear" or len(quantize.inputs) < 3:
+        return False  # lpt::Quantize rounds FakeQuantize's way; QLinear* need the zero point's type
+    if layer.op == "matmul" and layer.bias is not None:
+        return False  # QLinearMatMul has no bias
+    if any(not isinstance(op, kernels.Relu) for op in layer.post_ops) or (
+            layer.post_ops and int(destination.zero_point) != destination.qmin):
+        return False  # a Relu folds only where saturation at the zero point does its work
+    # onnxruntime's QLinear kernels want the output type equal to the input type
+    return node.inputs[0].dtype.numpy() == destination.zero_point.dtype
 
 
 def _fuse(node: ir.Node, report: ExportReport) -> None:
-    chain = _chain(node)
-    if chain is None:
+    chain = read_int8_layer(node)
+    if chain is None or chain[0].op == "conv_transpose" or not _fits_qlinear(node, *chain):
         return
-    cast, mul, add, relu, quantize = chain
-    is_conv = node.op_type == "ConvInteger"
-    if not is_conv and add is not None:
-        return  # QLinearMatMul has no bias
+    layer, nodes = chain
+    quantize = nodes[-1]
+    is_conv = layer.op == "conv"
     graph, name = node.graph, node.name
-    multiplier = const_array(mul.inputs[1]).astype(np.float32).reshape(-1)
+    multiplier = layer.multiplier.astype(np.float32).reshape(-1)
     x, w = node.inputs[0], node.inputs[1]
     x_zp = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] is not None else add_constant(
         graph, f"{name}/x_zero_point", np.zeros((), x.dtype.numpy()))
@@ -93,19 +74,19 @@ def _fuse(node: ir.Node, report: ExportReport) -> None:
     one = add_constant(graph, f"{name}/x_scale", np.float32(1.0))
     w_scale = add_constant(graph, f"{name}/w_scale", multiplier if multiplier.size > 1 else multiplier.reshape(()))
     inputs = [x, one, x_zp, w, w_scale, w_zp, quantize.inputs[1], quantize.inputs[2]]
-    if add is not None:
-        bias = _bias_of(add, mul.outputs[0]).astype(np.float64).reshape(-1)
+    if layer.bias is not None:
+        bias = layer.bias.astype(np.float64).reshape(-1)
         inputs.append(add_constant(graph, f"{name}/bias_int32", np.round(bias / multiplier).astype(np.int32)))
     attributes = {k: v for k, v in node.attributes.items()} if is_conv else {}
     fused = ir.node("QLinearConv" if is_conv else "QLinearMatMul", inputs, attributes, name=name)
     fused.outputs[0].type = quantize.outputs[0].type
     graph.insert_after(quantize, fused)
     replace_value(quantize.outputs[0], fused.outputs[0])
-    for old in (quantize, relu, add, mul, cast, node):
-        if old is not None:
-            graph.remove(old, safe=True)
+    for old in reversed(nodes):
+        graph.remove(old, safe=True)
     report.fused.append(name)
-    report.approximated.append(f"{name}: requantization of the QLinear form" + (" and int32 bias" if add else ""))
+    report.approximated.append(f"{name}: requantization of the QLinear form"
+                               + (" and int32 bias" if layer.bias is not None else ""))
 
 
 def _quantize_to_standard(node: ir.Node, report: ExportReport) -> None:

@@ -1,0 +1,150 @@
+"""Reading an int8 graph's fused chains into data (lpt.backend.step), once, for everyone who needs them.
+
+    ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)]
+        [→ Relu|Clip|Sigmoid|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]      an Int8Layer
+    QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
+
+A chain is followed only through values with a single reader that is not a graph output: what
+it fuses away is then never needed by anyone else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt import kernels
+from lpt.backend.step import Int8Layer, Quantization
+from lpt.graph.constants import const_array
+from lpt.graph.fake_quantize_op import read_fake_quantize
+from lpt.numerics.levels import level_range
+
+INTEGER_TYPES = (ir.DataType.UINT8, ir.DataType.INT8)
+POST_OPS = ("Relu", "Clip", "Sigmoid")
+_ACCUMULATING = {"ConvInteger": "conv", "MatMulInteger": "matmul", "ConvTransposeInteger": "conv_transpose"}
+
+
+def only_consumer(value: ir.Value, op_types: tuple[str, ...], domain: str = "") -> ir.Node | None:
+    """The one node reading `value`, if it is one of `op_types` and `value` is not a graph output."""
+    users = list(value.consumers())
+    if len(users) != 1 or value.is_graph_output():
+        return None
+    node = users[0]
+    return node if node.op_type in op_types and node.domain in (domain, "ai.onnx" if domain == "" else domain) else None
+
+
+def attribute(node: ir.Node, name: str, default=None):
+    return node.attributes[name].value if name in node.attributes else default
+
+
+def optional_constant(node: ir.Node, index: int) -> np.ndarray | None:
+    """An optional constant input (absent → 0); None when it is present but not constant."""
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return np.zeros((), np.int32)
+    return const_array(node.inputs[index])
+
+
+def is_quantize(node: ir.Node) -> bool:
+    return (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt"))
+
+
+def read_quantization(node: ir.Node) -> Quantization | None:
+    """The Quantization of a QuantizeLinear or lpt::Quantize node whose parameters are constant, or None."""
+    if node.domain == "lpt":
+        low, high = const_array(node.inputs[1]), const_array(node.inputs[2])
+        if low is None or high is None:
+            return None
+        levels = attribute(node, "levels")
+        qmin, qmax = level_range(levels, ir.DataType(attribute(node, "to")) == ir.DataType.INT8)
+        scale = (high - low) / np.float32(levels - 1)
+        return Quantization(scale, qmin - low / scale, qmin, qmax,
+                            fake_quantize=kernels.fq_input_affine(low, high, levels))
+    scale = const_array(node.inputs[1])
+    zero_point = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.uint8(0)
+    if scale is None or zero_point is None:
+        return None
+    info = np.iinfo(zero_point.dtype)
+    axis = attribute(node, "axis", 1) if scale.size > 1 else None
+    return Quantization(scale, zero_point, int(info.min), int(info.max), axis)
+
+
+def quantized_next(value: ir.Value) -> tuple[ir.Node, Quantization] | None:
+    """(node, its Quantization) when `value` is quantized next, by QuantizeLinear or lpt::Quantize, and only read there."""
+    node = only_consumer(value, ("QuantizeLinear",)) or only_consumer(value, ("Quantize",), domain="lpt")
+    quantization = read_quantization(node) if node is not None else None
+    return (node, quantization) if quantization is not None else None
+
+
+def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
+    """The Int8Layer starting at an integer ConvInteger / MatMulInteger / lpt::ConvTransposeInteger, and
+    the nodes it covers; None when its zero points are not constant or its types are not 8-bit."""
+    op = _ACCUMULATING.get(node.op_type)
+    if op is None or node.domain not in (("lpt",) if op == "conv_transpose" else ("", "ai.onnx")):
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    src_zp, weight_zp = optional_constant(node, 2), optional_constant(node, 3)
+    weights = const_array(w)
+    if src_zp is None or weight_zp is None or x.dtype not in INTEGER_TYPES or w.dtype not in INTEGER_TYPES:
+        return None
+    if weights is None and op != "matmul":
+        return None
+    layer = dict(op=op, weights=weights, src_zero_point=src_zp, weight_zero_point=weight_zp,
+                 attributes={name: attr.value for name, attr in node.attributes.items()})
+    nodes = [node]
+    cast = only_consumer(node.outputs[0], ("Cast",))
+    mul = only_consumer(cast.outputs[0], ("Mul",)) if cast else None
+    multiplier = const_array(mul.inputs[1]) if mul else None
+    if multiplier is None:  # the accumulator itself is wanted
+        return Int8Layer(**layer), nodes
+    axis = -1 if op == "matmul" else 1
+    nodes += [cast, mul]
+    layer["multiplier"] = _channel_vector(multiplier, axis)
+    last = mul
+    add = only_consumer(mul.outputs[0], ("Add",))
+    bias_value = next((v for v in add.inputs if v is not mul.outputs[0]), None) if add is not None else None
+    if bias_value is not None and const_array(bias_value) is not None:  # either side: Add commutes
+        layer["bias"] = _channel_vector(const_array(bias_value), axis)
+        nodes.append(add)
+        last = add
+    post_ops = []
+    while (next_op := only_consumer(last.outputs[0], POST_OPS) or only_consumer(last.outputs[0], ("FakeQuantize",), "lpt")
+           ) is not None and (post_op := read_post_op(next_op)) is not None:
+        post_ops.append(post_op)
+        nodes.append(next_op)
+        last = next_op
+    layer["post_ops"] = tuple(post_ops)
+    if (destination := quantized_next(last.outputs[0])) is not None:
+        nodes.append(destination[0])
+        layer["destination"] = destination[1]
+    return Int8Layer(**layer), nodes
+
+
+def _channel_vector(array: np.ndarray, axis: int) -> np.ndarray:
+    """A constant shaped to broadcast per channel ([1, C, 1, 1] or [N]) as the kernels' 1-D vector (or a scalar)."""
+    if array.size == 1:
+        return array.reshape(())
+    return array.reshape(-1) if axis == -1 or array.ndim == 1 else array.reshape(array.shape[1])
+
+
+def read_post_op(node: ir.Node) -> kernels.PostOp | None:
+    """The output-stage post-op a node stands for, or None."""
+    if node.domain == "lpt":  # an FQ that could not be split: OpenVINO's FQ post-op chain
+        fq = read_fake_quantize(node)
+        if fq is None or fq.scale is not None:
+            return None
+        return kernels.FakeQuantize(fq.input_low, fq.input_high, fq.output_low, fq.output_high, fq.levels)
+    if node.op_type == "Relu":
+        return kernels.Relu()
+    if node.op_type == "Sigmoid":
+        return kernels.Sigmoid()
+    if node.op_type == "Clip":
+        low, high = _optional_bound(node, 1, -np.inf), _optional_bound(node, 2, np.inf)
+        if low is not None and high is not None:
+            return kernels.Clip(float(low), float(high))
+    return None
+
+
+def _optional_bound(node: ir.Node, index: int, default: float) -> np.ndarray | None:
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return np.float32(default)
+    return const_array(node.inputs[index])
