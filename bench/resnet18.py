@@ -4,8 +4,9 @@
 
 The model is generated here with random He-initialized weights (it is not committed: the
 timing, not the accuracy, is what this measures), calibrated by lpt on random inputs, and run
-by lpt's int8 plan, onnxruntime on lpt's QDQ model (its own int8 kernels) and onnxruntime on
-the fp32 model, in one process with the same thread count. Prints medians, ratios, and where
+by lpt's int8 plan, onnxruntime on lpt's QDQ model (its own int8 kernels), OpenVINO on the same
+model (its int8 CPU plugin; where installed: pip install 'lpt[bench]') and onnxruntime on the
+fp32 model, in one process with the same thread count. Prints medians, ratios, and where
 lpt's time goes.
 """
 
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     print(f"ResNet-18 shape, batch 1, 224x224, {args.threads} threads, median of {args.repeats}")
     for engine, ms in result.median_ms.items():
         print(f"  {engine:<18} {ms:8.2f} ms   x{result.ratios()[engine]:.2f} of onnxruntime fp32")
+    for engine, why in result.unavailable.items():
+        print(f"  {engine:<18} did not run: {why}")
     print("lpt's slowest steps:")
     for step, ms in result.profile[:8]:
         print(f"  {ms:7.2f} ms  {step}")

@@ -3,12 +3,18 @@
 Each engine runs the same batch repeatedly; the median of the repeats is reported, and the
 ratios are what to read (this machine is shared and noisy). Threads are pinned to the same
 count for all: onnxruntime's intra-op pool, lpt's integer GEMM (MLAS, in its own onnxruntime
-sessions), and the BLAS pool of lpt's f32 routes.
+sessions), the BLAS pool of lpt's f32 routes, and OpenVINO's CPU plugin.
+
+OpenVINO runs where it is installed (`pip install 'lpt[bench]'`): it reads the same FQ model
+and its CPU plugin's low precision transformations make it int8, the peer lpt is measured
+against. Where it is missing or refuses the model, `unavailable` says why.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +34,7 @@ class BenchResult:
     repeats: int
     median_ms: dict[str, float] = field(default_factory=dict)
     profile: list[tuple[str, float]] = field(default_factory=list)  # (step, median ms), slowest first
+    unavailable: dict[str, str] = field(default_factory=dict)  # engine → why it did not run
 
     def ratios(self, baseline: str = "onnxruntime fp32") -> dict[str, float]:
         base = self.median_ms.get(baseline)
@@ -35,7 +42,8 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {"threads": self.threads, "repeats": self.repeats, "median_ms": self.median_ms,
-                "ratio_to_onnxruntime_fp32": self.ratios(), "profile_ms": dict(self.profile)}
+                "ratio_to_onnxruntime_fp32": self.ratios(), "profile_ms": dict(self.profile),
+                "unavailable": self.unavailable}
 
 
 def _median_ms(function, repeats: int, warmup: int = 2) -> float:
@@ -64,7 +72,8 @@ def _session(model, threads: int, optimize: bool):
 def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: ir.Model | None = None,
               threads: int = 2, repeats: int = 20, profile: bool = True) -> BenchResult:
     """Median latency on `feeds` of lpt's int8 plan, onnxruntime on the FQ (QDQ) model with its
-    own int8 kernels, and onnxruntime on the fp32 model when given."""
+    own int8 kernels, OpenVINO on the same FQ model where installed, and onnxruntime on the fp32
+    model when given."""
     int8 = clone(fq_model)
     transform(int8)
     result = BenchResult(threads, repeats)
@@ -73,12 +82,36 @@ def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: i
         result.median_ms["lpt int8"] = _median_ms(lambda: plan.run(feeds), repeats)
         qdq = _session(fq_model, threads, optimize=True)
         result.median_ms["onnxruntime QDQ"] = _median_ms(lambda: qdq.run(None, feeds), repeats)
+        openvino = _openvino_request(fq_model, threads, result.unavailable)
+        if openvino is not None:
+            result.median_ms["openvino int8"] = _median_ms(lambda: openvino.infer(feeds), repeats)
         if fp32_model is not None:
             fp32 = _session(fp32_model, threads, optimize=True)
             result.median_ms["onnxruntime fp32"] = _median_ms(lambda: fp32.run(None, feeds), repeats)
         if profile:
             result.profile = _profile(plan, feeds, max(3, repeats // 4))
     return result
+
+
+def _openvino_request(fq_model: ir.Model, threads: int, unavailable: dict[str, str]):
+    """An OpenVINO infer request for the FQ model on CPU, or None (the reason in `unavailable`)."""
+    try:
+        import openvino
+    except ImportError:
+        unavailable["openvino int8"] = "not installed (pip install 'lpt[bench]')"
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="lpt-bench-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            with open(path, "wb") as f:  # OpenVINO reads ONNX from a file
+                f.write(to_proto(to_portable(fq_model)).SerializeToString())
+            core = openvino.Core()
+            compiled = core.compile_model(core.read_model(path), "CPU",
+                                          {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+        return compiled.create_infer_request()
+    except Exception as err:  # noqa: BLE001 - a peer refusing the model is a result, not an error of lpt's
+        unavailable["openvino int8"] = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return None
 
 
 def _profile(plan, feeds, repeats: int) -> list[tuple[str, float]]:
