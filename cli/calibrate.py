@@ -47,7 +47,8 @@ def default_output(model: Path) -> Path:
 @click.option("--preset", type=click.Choice([p.value for p in Preset]), default=DEFAULT_PRESET.value,
               show_default=True, help="performance: symmetric activations; mixed: asymmetric u8 activations.")
 @click.option("--estimator", type=click.Choice([e.value for e in Estimator]), default=DEFAULT_ESTIMATOR.value,
-              show_default=True, help="How activation ranges come from the statistics.")
+              show_default=True, help="How activation ranges come from the statistics (auto: per tensor, the "
+              "candidate with the least error at the output of the layers reading it; a second pass over the data).")
 @click.option("--subset-size", default=300, show_default=True,
               help="Use at most N samples.")
 @batch_axis_option

@@ -4,10 +4,19 @@
     lpt.save(result.model, "digits_cnn.fq.onnx")        # standard QDQ ONNX
     print(result.report.fake_quantizes, result.report.left_f32)
 
-In two halves, as NNCF's MinMax does: *which statistics, where* (placement.place picks the
-tensors; statistics.collect streams the data through onnxruntime into fixed-size collectors),
-then *apply them* (estimators turn statistics into ranges, insertion turns ranges into FQs,
-bias_correction shifts biases by the mean error the FQs introduce).
+In two halves, as NNCF's MinMax does: *which statistics, where*, then *apply them*; calibrate()
+runs the steps in order, each usable on its own:
+
+    place               placement: which tensors get an FQ
+    collect_statistics  steps: one pass over the data into fixed-size collectors (Statistics)
+    estimate_ranges     steps: the estimator's [low, high] per tensor, or search_ranges
+                        (range_search, --estimator auto): a second pass scoring candidates
+    fake_quantizes      insertion: ranges → FQ values;  insert puts them in the graph
+    bias_shifts         bias_correction: the mean error the FQs introduce;  apply_shifts
+                        moves it into the biases
+
+Statistics and ranges are keyed by names, so the steps after the data pass can run again on a
+fresh copy of the model (fewer FQs, say) without calibrating again.
 """
 
 from __future__ import annotations
@@ -15,14 +24,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import NameFixPass
 
-from lpt.calibration import bias_correction as _bias_correction
+from lpt.calibration.bias_correction import apply_shifts, bias_shifts, bias_targets
 from lpt.calibration.config import (
     DEFAULT_ESTIMATOR,
     DEFAULT_PRESET,
@@ -33,13 +42,13 @@ from lpt.calibration.config import (
     WeightScheme,
 )
 from lpt.calibration.data import CalibrationData, InputSpec, input_specs
-from lpt.calibration.estimators import HistogramCollector, collector, estimate, mean_error
 from lpt.calibration.insertion import fake_quantizes, insert
 from lpt.calibration.placement import ACTIVATION, Placement, QuantizationPoint, Skipped, place
-from lpt.calibration.statistics import collect
+from lpt.calibration.range_search import search_ranges
+from lpt.calibration.steps import Statistics, collect_statistics, estimate_ranges
 from lpt.errors import ModelError
 from lpt.graph.fake_quantize_op import FakeQuantize
-from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZED_OPS
+from lpt.graph.ops import QUANTIZED_OPS
 from lpt.model_io import prepare, read_model, to_proto
 
 logger = logging.getLogger(__name__)
@@ -78,6 +87,8 @@ class CalibrationResult:
     model: ir.Model  # a new model with lpt::FakeQuantize nodes (QDQ semantics); the input is untouched
     report: CalibrationReport
     placement: Placement
+    statistics: Statistics  # what the data pass collected, by tensor and layer name: enough to apply again
+    ranges: dict[str, tuple[float, float]]  # the activation ranges chosen, by tensor name (before Concat groups)
 
 
 def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str = DEFAULT_PRESET,
@@ -90,7 +101,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     `data`: a .npz/.npy path or a folder of them, a dict of arrays, an iterable of such dicts, or
     a callable returning one (see lpt.calibration.data). `preset`: "mixed" (asymmetric u8
     activations, the default) or "performance" (symmetric); `estimator`: minmax (default),
-    mean_minmax, percentile, mse or kl; `ignore`: node names, ``re:REGEX`` or op types to leave
+    mean_minmax, percentile, mse, kl or auto (range_search: per tensor, the candidate with the least
+    error at its readers' outputs, a second pass over the data); `ignore`: node names, ``re:REGEX`` or op types to leave
     in f32; `subset_size`: at most that many samples; `quiet`: no progress bar. `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
@@ -106,35 +118,19 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     dataset = CalibrationData(data, input_specs(working), subset_size=config.subset_size,
                               batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite,
                               batch_axes=batch_axes)
-    placement = place(working, config.ignore)
-    scheme = config.activations
-
-    # which statistics, where: one range collector per activation FQ, one input mean per layer to correct
-    collectors: dict[str, list] = defaultdict(list)
-    stats = {}
-    for p in placement.activations:
-        stats[p.name] = collector(config.estimator, config.histogram_bins)
-        collectors[p.name].append(stats[p.name])
-    targets = _bias_correction.bias_targets(placement.layers) if config.bias_correction else []
-    means = {}
-    for t in targets:
-        means[t.layer.name] = _bias_correction.InputMean(t.per_element)
-        collectors[t.input.name].append(means[t.layer.name])
-    collect(working, collectors, dataset, quiet=quiet)
-
-    # apply them
-    ranges = {}
-    for name, s in stats.items():
-        if s.empty:
-            logger.warning("%s: no finite values in its statistics; left in f32", name)
-            continue
-        ranges[name] = estimate(config.estimator, s, scheme, config.percentile)
-    fqs = fake_quantizes(placement, ranges, scheme, config.weights)
+    placement = place(working, config.ignore)  # which tensors get an FQ
+    statistics = collect_statistics(working, placement, dataset, config, quiet=quiet)  # one pass over the data
+    if config.estimator == Estimator.AUTO:  # a second pass: each candidate's error at the layers' outputs
+        ranges = search_ranges(working, placement, statistics, dataset, config, quiet=quiet)
+    else:
+        ranges = estimate_ranges(statistics, config)
+    fqs = fake_quantizes(placement, ranges, config.activations, config.weights)
+    targets = bias_targets(placement.layers) if config.bias_correction else []
+    shifts = bias_shifts(targets, statistics.input_means, fqs, statistics.activations)  # before insert rewires inputs
+    insert(working, fqs)
+    corrected = apply_shifts(working, targets, shifts)
     left_f32 = list(placement.skipped)
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]
-    shifts = _bias_shifts(targets, means, fqs, stats) if targets else {}
-    insert(working, fqs)
-    corrected = _bias_correction.apply_shifts(working, targets, shifts) if targets else []
 
     report = CalibrationReport(
         preset=config.preset.value, estimator=config.estimator.value,
@@ -143,41 +139,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         seconds=time.perf_counter() - start,
     )
     logger.info("calibrated on %d samples: %s in %.2f s", dataset.count, report.fake_quantizes, report.seconds)
-    return CalibrationResult(working, report, placement)
-
-
-def _bias_shifts(targets, means, fqs: dict[QuantizationPoint, FakeQuantize], stats) -> dict[str, np.ndarray]:
-    """Fast bias correction's shift per layer, from its input mean, weight FQ and input FQ."""
-    weight_fqs, input_errors = {}, {}
-    by_value = {p.value: (p, fq) for p, fq in fqs.items() if p.kind == ACTIVATION}
-    for point, fq in fqs.items():
-        for consumer, index in point.uses:
-            if point.kind != ACTIVATION and index == 1:
-                weight_fqs[consumer.name] = fq
-    for t in targets:
-        found = _serving_fq(t.layer, by_value)
-        if found is None:
-            weight_fqs.pop(t.layer.name, None)  # its input is not quantized: not a quantized layer
-            continue
-        point, fq = found
-        hist = stats.get(point.name)
-        input_errors[t.layer.name] = mean_error(hist, fq) if isinstance(hist, HistogramCollector) else 0.0
-    return _bias_correction.compute_shifts(targets, means, weight_fqs, input_errors)
-
-
-def _serving_fq(layer: ir.Node, by_value):
-    """(point, FQ) of the activation FQ that `layer`'s data input reads, up through precision-preserving
-    ops (for a Concat, its first input's), or None if that input is not fake-quantized."""
-    use, value = (layer, 0), layer.inputs[0]
-    while value is not None:
-        if value in by_value:
-            point, fq = by_value[value]
-            return (point, fq) if use in point.uses else None
-        node = value.producer()
-        if node is None or node.op_type not in PRECISION_PRESERVING_OPS + ("Concat",) or not node.inputs:
-            return None
-        use, value = (node, 0), node.inputs[0]
-    return None
+    return CalibrationResult(working, report, placement, statistics, ranges)
 
 
 def _working_copy(model) -> ir.Model:

@@ -23,9 +23,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from lpt.calibration.estimators import HistogramCollector, mean_error
+from lpt.calibration.placement import ACTIVATION, QuantizationPoint
 from lpt.calibration.statistics import session
 from lpt.graph.constants import add_constant, const_array
 from lpt.graph.fake_quantize_op import FakeQuantize
+from lpt.graph.ops import PRECISION_PRESERVING_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,43 @@ class InputMean:
     @property
     def mean(self) -> np.ndarray:
         return (self.sum / self.count).astype(np.float32)
+
+
+def bias_shifts(targets: list[BiasTarget], means: dict[str, InputMean], fqs: dict[QuantizationPoint, FakeQuantize],
+                activations: dict) -> dict[str, np.ndarray]:
+    """Each target layer's shift (by name), from its input mean, its weight FQ and its input FQ, whose
+    mean error δ comes from that tensor's histogram in `activations` (0 without one). Call it before
+    insertion.insert: it finds a layer's input FQ by the value the layer reads."""
+    weight_fqs, input_errors = {}, {}
+    by_value = {p.value: (p, fq) for p, fq in fqs.items() if p.kind == ACTIVATION}
+    for point, fq in fqs.items():
+        for consumer, index in point.uses:
+            if point.kind != ACTIVATION and index == 1:
+                weight_fqs[consumer.name] = fq
+    for t in targets:
+        found = _serving_fq(t.layer, by_value)
+        if found is None:
+            weight_fqs.pop(t.layer.name, None)  # its input is not quantized: not a quantized layer
+            continue
+        point, fq = found
+        hist = activations.get(point.name)
+        input_errors[t.layer.name] = mean_error(hist, fq) if isinstance(hist, HistogramCollector) else 0.0
+    return compute_shifts(targets, means, weight_fqs, input_errors)
+
+
+def _serving_fq(layer: ir.Node, by_value):
+    """(point, FQ) of the activation FQ that `layer`'s data input reads, up through precision-preserving
+    ops (for a Concat, its first input's), or None if that input is not fake-quantized."""
+    use, value = (layer, 0), layer.inputs[0]
+    while value is not None:
+        if value in by_value:
+            point, fq = by_value[value]
+            return (point, fq) if use in point.uses else None
+        node = value.producer()
+        if node is None or node.op_type not in PRECISION_PRESERVING_OPS + ("Concat",) or not node.inputs:
+            return None
+        use, value = (node, 0), node.inputs[0]
+    return None
 
 
 def compute_shifts(targets: list[BiasTarget], means: dict[str, InputMean], weight_fqs: dict[str, FakeQuantize],

@@ -28,6 +28,7 @@ class Estimator(str, Enum):
     PERCENTILE = "percentile"  # the PERCENTILE-th and (100 − PERCENTILE)-th percentiles
     MSE = "mse"  # the clipping range with the least quantization MSE (on the histogram)
     KL = "kl"  # TensorRT's entropy calibration (least KL divergence, on the |x| histogram)
+    AUTO = "auto"  # per tensor, the candidate above with the least error at the output of the layers reading it
 
 
 @dataclass(frozen=True)

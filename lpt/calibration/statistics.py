@@ -43,13 +43,23 @@ def with_outputs(model: ir.Model, names: Iterable[str]) -> onnx.ModelProto:
     return proto
 
 
-def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData, *, quiet: bool = False) -> None:
-    """Update the collectors of each tensor (by name) with every batch of `data`, streamed."""
+def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData, *, quiet: bool = False) -> int:
+    """Update the collectors of each tensor (by name) with every batch of `data`, streamed.
+
+    Returns the bytes the fetched tensors take per sample, which sized the parts a batch ran in."""
     inputs = set(data.specs)
     fetched = [n for n in collectors if n not in inputs]
     sess = session(with_outputs(model, fetched)) if fetched else None
-    per_sample = 0  # bytes of the fetched tensors for one sample, measured once on the first sample
-    with sample_progress("calibrating", data.total, quiet) as advance:
+    return stream(sess, fetched, collectors, data, quiet=quiet)
+
+
+def stream(sess: ort.InferenceSession | None, fetched: list[str], collectors: dict[str, list], data: CalibrationData,
+           *, quiet: bool = False, per_sample: int = 0, description: str = "calibrating") -> int:
+    """Run `sess` on every batch of `data` and update the collectors with the `fetched` outputs (and inputs).
+
+    A batch runs in parts of ACTIVATION_BUDGET // `per_sample` samples; `per_sample` = 0: measured on
+    the first sample (the bytes of the fetched outputs). Returns `per_sample`."""
+    with sample_progress(description, data.total, quiet) as advance:
         for batch in data.batches():
             total, start = data.samples_in(batch), 0
             if sess is not None and not per_sample and not data.fixed_batch:
@@ -70,3 +80,4 @@ def collect(model: ir.Model, collectors: dict[str, list], data: CalibrationData,
         nonfinite = max(c.nonfinite for c in tensor_collectors)
         if nonfinite:
             logger.warning("%s: %d NaN/Inf values in the activations were left out of its statistics", name, nonfinite)
+    return per_sample

@@ -8,7 +8,7 @@ import onnx_ir as ir
 import pytest
 
 import lpt
-from lpt.calibration import calibrate
+from lpt.calibration import ActivationScheme, calibrate
 from lpt.graph.fake_quantize_op import read_fake_quantize
 from tests.calibration.nets import Net, as_ir, conv_inputs, conv_net
 from tests.graphs import run_ort
@@ -163,7 +163,7 @@ def test_ignored_layers_are_reported_and_stay_f32():
     assert set(fq_nodes(result.model)) == {"x", "conv.w"}
 
 
-@pytest.mark.parametrize("estimator", ["minmax", "mean_minmax", "percentile", "mse", "kl"])
+@pytest.mark.parametrize("estimator", ["minmax", "mean_minmax", "percentile", "mse", "kl", "auto"])
 def test_every_estimator_gives_a_model_close_to_fp32(estimator):
     proto = conv_net()
     result = calibrate(as_ir(proto), conv_inputs(100), estimator=estimator, quiet=True)
@@ -216,3 +216,43 @@ def test_openvino_runs_the_saved_qdq_model(tmp_path):
     x = conv_inputs(20, seed=4)
     out = compiled(x["x"])[compiled.output(0)]
     assert sqnr(run_ort(proto, x)[0], out) > 25
+
+
+def test_statistics_and_ranges_apply_again_to_a_fresh_copy_without_calibrating(monkeypatch):
+    """The steps after the data pass, run by hand: the same model; with the Gemm left out, its FQs go."""
+    from lpt.calibration import insertion, place, statistics
+    from lpt.calibration.bias_correction import apply_shifts, bias_shifts, bias_targets
+
+    proto = conv_net()
+    result = calibrate(as_ir(proto), conv_inputs(), quiet=True)
+    monkeypatch.setattr(statistics, "session", None)  # no second look at the data
+
+    def apply(ignore=()):
+        model = as_ir(proto)
+        placement = place(model, ignore)
+        fqs = insertion.fake_quantizes(placement, result.ranges, ActivationScheme(symmetric=False))
+        targets = bias_targets(placement.layers)
+        shifts = bias_shifts(targets, result.statistics.input_means, fqs, result.statistics.activations)
+        insertion.insert(model, fqs)
+        return model, apply_shifts(model, targets, shifts)
+
+    again, corrected = apply()
+    assert portable_bytes(again) == portable_bytes(result.model) and corrected == list(result.report.bias_corrected)
+    without_gemm, corrected = apply(ignore=["Gemm"])
+    assert set(fq_nodes(without_gemm)) == {"x", "conv.w"} and corrected == ["conv"]
+
+
+def portable_bytes(model):
+    from lpt.model_io import to_proto
+
+    return to_proto(lpt.to_portable(model)).SerializeToString()
+
+
+def test_depthwise_conv_weights_get_one_scale_per_channel():
+    n = Net()
+    n.op("Conv", ["x", n.weight("dw.w", (4, 1, 3, 3))], "dw", group=4, pads=[1] * 4)
+    proto = n.build({"x": ["N", 4, 8, 8]}, ["dw"])
+    x = {"x": np.random.default_rng(0).uniform(0, 1, (20, 4, 8, 8)).astype(np.float32)}
+    fq = fq_nodes(calibrate(as_ir(proto), x, quiet=True).model)["dw.w"]
+    w = onnx.numpy_helper.to_array(next(i for i in proto.graph.initializer if i.name == "dw.w"))
+    np.testing.assert_allclose(fq.scale, np.abs(w).reshape(4, -1).max(axis=1) / 127, rtol=1e-6)

@@ -83,3 +83,9 @@ def test_bad_data_is_a_data_error(model_dir):
     np.savez(model_dir / "bad.npz", image=conv_inputs()["x"])
     result = invoke(model_dir / "net.onnx", "--data", model_dir / "bad.npz")
     assert "the model expects inputs: x" in error_of(result)
+
+
+def test_estimator_auto_is_a_choice_and_the_summary_names_it(model_dir):
+    result = invoke(model_dir / "net.onnx", "--estimator", "auto")
+    assert result.exit_code == 0, result.output
+    assert "(mixed preset, auto)" in result.output

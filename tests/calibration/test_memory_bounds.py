@@ -48,3 +48,23 @@ def test_large_samples_make_smaller_batches():
     assert [len(b["x"]) for b in images.batches()] == [3, 3, 1]
     small = CalibrationData({"x": np.zeros((40, 3, 8, 8), np.float32)}, [InputSpec("x", np.dtype(np.float32), (None, 3, 8, 8))])
     assert [len(b["x"]) for b in small.batches()] == [32, 8]
+
+
+def test_the_auto_search_pass_runs_in_the_parts_the_statistics_pass_ran_in(monkeypatch):
+    from lpt.calibration import range_search
+
+    runs = {statistics: [], range_search: []}
+    for module in runs:
+        def counting_session(proto, inner_session=module.session, sizes=runs[module]):
+            inner = inner_session(proto)
+
+            class Counting:
+                def run(self, names, feeds):
+                    sizes.append(len(feeds["x"]))
+                    return inner.run(names, feeds)
+            return Counting()
+        monkeypatch.setattr(module, "session", counting_session)
+    monkeypatch.setattr(statistics, "ACTIVATION_BUDGET", 3 * 4 * 8 * 8 * 4)
+    calibrate(as_ir(conv_net()), conv_inputs(40), estimator="auto", quiet=True, bias_correction=False)
+    measured, searched = runs[statistics][1:], runs[range_search]
+    assert max(searched) == max(measured) < 32 and sum(searched) == sum(measured) == 40
