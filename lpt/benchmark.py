@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_limits
 
 from lpt.backend import compile_model
 from lpt.export.portable import to_portable
+from lpt.limits import bounded_threads
 from lpt.model_io import clone, to_proto
 from lpt.transformations.pipeline import transform
 
@@ -74,6 +75,7 @@ def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: i
     """Median latency on `feeds` of lpt's int8 plan, onnxruntime on the FQ (QDQ) model with its
     own int8 kernels, OpenVINO on the same FQ model where installed, and onnxruntime on the fp32
     model when given."""
+    threads = bounded_threads(threads)
     int8 = clone(fq_model)
     transform(int8)
     result = BenchResult(threads, repeats)

@@ -14,6 +14,7 @@ from lpt.backend import Plan, compile_model
 from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_fake_quantized, run_onnxruntime
 from lpt.export.int8 import to_standard_int8
 from lpt.kernels.int8_gemm import onnxruntime_saturation_note
+from lpt.limits import bounded_threads
 from lpt.model_io import clone
 
 logger = logging.getLogger(__name__)
@@ -28,12 +29,24 @@ class OutputAgreement:
     note: str = ""  # why the two may differ, where that is known
 
 
+@dataclass(frozen=True)
+class EngineAgreement:
+    """lpt's native engine against lpt's NumPy/MLAS kernels (the readable reference), on every integer tensor."""
+
+    engines: dict[str, int]  # engine → int8 layers it computed
+    max_lsb: int
+    share_exact: float
+    tensors: int
+
+
 @dataclass
 class CrossCheck:
     tensors: list[TensorAgreement] = field(default_factory=list)  # lpt vs the FQ model, end to end
     local: list[TensorAgreement] = field(default_factory=list)  # each layer fed the reference's integers
     outputs: list[OutputAgreement] = field(default_factory=list)
     export_notes: list[str] = field(default_factory=list)
+    engines: dict[str, int] = field(default_factory=dict)  # engine → int8 layers it computed
+    engine: EngineAgreement | None = None  # where some layer ran on the native engine
 
     @property
     def max_lsb(self) -> int:
@@ -93,6 +106,8 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
     ours = plan.run(batch)
     exported, report = to_standard_int8(int8_model)
     check.export_notes = report.approximated
+    check.engines = dict(plan.engine_counts())
+    check.engine = engine_agreement(int8_model, plan, batch)
     fq_outputs, engine = run_fake_quantized(fq_model, batch, plan.outputs)
     references = {f"FQ model ({engine})": fq_outputs,
                   "exported int8 model (onnxruntime)": run_onnxruntime(exported, batch, plan.outputs)}
@@ -103,6 +118,23 @@ def cross_check(fq_model: ir.Model, int8_model: ir.Model, plan: Plan, batch: dic
             check.outputs.append(OutputAgreement(name, against, float(difference.max(initial=0)),
                                                  float((difference == 0).mean()), notes.get(against, "")))
     return check
+
+
+def engine_agreement(int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarray]) -> EngineAgreement | None:
+    """Every integer tensor of `plan` against the same graph compiled on lpt's kernels alone, in LSBs;
+    None when no layer of `plan` runs on the native engine."""
+    engines = plan.engine_counts()
+    if not any(engine.startswith("oneDNN") for engine in engines):
+        return None
+    ours = plan.run(batch, keep=True)
+    theirs = compile_model(int8_model, threads=1, native=False).run(batch, keep=True)
+    worst, equal, total, tensors = 0, 0, 0, 0
+    for name, value in ours.items():
+        if value.dtype.kind in "iu" and name in theirs and name not in plan.constants:
+            difference = np.abs(value.astype(np.int64) - theirs[name].astype(np.int64))
+            worst = max(worst, int(difference.max(initial=0)))
+            equal, total, tensors = equal + int((difference == 0).sum()), total + difference.size, tensors + 1
+    return EngineAgreement(dict(engines), worst, equal / total if total else 1.0, tensors)
 
 
 def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0,
@@ -118,6 +150,7 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     from lpt.calibration.data import CalibrationData, input_specs, split_labels
     from lpt.transformations.pipeline import transform
 
+    threads = bounded_threads(threads)
     fq_model = load(model) if isinstance(model, (str, os.PathLike)) else model
     int8_model = clone(fq_model)
     transform(int8_model)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from functools import partial
 
+import logging
+
 import numpy as np
 import onnx_ir as ir
 
@@ -32,28 +34,35 @@ from lpt.backend.chains import (INTEGER_TYPES, attribute, only_consumer, optiona
                                 read_int8_layer, read_quantization)
 from lpt.backend.step import Int8Layer, Step
 from lpt.graph.constants import const_array
+from lpt.kernels.int8_gemm import gemm_route
 from lpt.transformations.dequantization import Dequantization
 
 _POOLS = ("AveragePool", "GlobalAveragePool")
+logger = logging.getLogger(__name__)
 
 
-def _step(run, inputs, nodes, outputs=None, layer: Int8Layer | None = None) -> tuple[Step, list[ir.Node]]:
+def _step(run, inputs, nodes, outputs=None, layer: Int8Layer | None = None,
+          engine: str = "") -> tuple[Step, list[ir.Node]]:
     outputs = outputs or [nodes[-1].outputs[0]]
     return (Step(run, tuple(v.name for v in inputs), tuple(v.name for v in outputs),
-                 tuple(n.name for n in nodes), tuple(n.op_type for n in nodes), "int8 kernel", layer), nodes)
+                 tuple(n.name for n in nodes), tuple(n.op_type for n in nodes), "int8 kernel", layer, engine), nodes)
 
 
-def try_int8_step(node: ir.Node, threads: int = 0) -> tuple[Step, list[ir.Node]] | None:
+def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True) -> tuple[Step, list[ir.Node]] | None:
     """A kernel step starting at `node` and the nodes it covers, or None (the node falls back).
 
-    `threads` is for the integer GEMM (0: one per core).
+    `threads` is for the integer GEMM (0: one per core). With `native`, int8 layers run on lpt's
+    oneDNN engine where it takes them (lpt.native), else on lpt's NumPy/MLAS kernels.
     """
     if node.domain not in ("", "ai.onnx", "lpt"):
         return None
     integer_input = node.inputs and node.inputs[0] is not None and node.inputs[0].dtype in INTEGER_TYPES
     if (chain := read_int8_layer(node)) is not None:
-        run = layer_function(chain[0], threads)
-        return None if run is None else _step(run, _runtime_inputs(node, chain[0]), chain[1], layer=chain[0])
+        layer = chain[0]
+        run, engine = native_layer_function(layer, threads) if native else (None, "")
+        if run is None:
+            run, engine = layer_function(layer, threads), kernels_engine(layer)
+        return None if run is None else _step(run, _runtime_inputs(node, layer), chain[1], layer=layer, engine=engine)
     if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
         return _quantize(node)
     if node.op_type == "Cast" and node.inputs[0].dtype in INTEGER_TYPES + (ir.DataType.INT32,):
@@ -105,6 +114,43 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
 def _runtime_inputs(node: ir.Node, layer: Int8Layer) -> list[ir.Value]:
     """What the layer reads at run time: the source, and a matmul's right-hand side when it is not constant."""
     return [node.inputs[0]] + ([node.inputs[1]] if layer.weights is None else [])
+
+
+def native_layer_function(layer: Int8Layer, threads: int = 0):
+    """(run, engine) for an Int8Layer on lpt's native oneDNN engine, or (None, "") where it does not take the layer."""
+    from lpt import native
+
+    if not native.available() or layer.multiplier is None or layer.weights is None or layer.op == "conv_transpose":
+        return None, ""
+    destination = layer.destination
+    stage = dict(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point,
+                 multiplier=layer.multiplier, bias=layer.bias, post_ops=layer.post_ops, threads=threads)
+    if destination is not None:
+        if not destination.is_per_tensor:
+            return None, ""
+        stage.update(dst_scale=destination.scale, dst_zero_point=destination.zero_point, qmin=destination.qmin,
+                     qmax=destination.qmax, dst_dtype=destination.zero_point.dtype)
+    try:
+        if layer.op == "conv":
+            if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+                return None, ""
+            operation = native.Conv(layer.weights, groups=layer.attribute("group", 1),
+                                    strides=layer.attribute("strides"), dilations=layer.attribute("dilations"),
+                                    pads=layer.attribute("pads"), **stage)
+        else:
+            operation = native.MatMul(layer.weights, **stage)
+    except native.Unsupported as why:
+        logger.debug("%s layer stays on lpt's kernels: %s", layer.op, why)
+        return None, ""
+    return (lambda x: [operation(x)]), f"oneDNN ({operation.route})"
+
+
+def kernels_engine(layer: Int8Layer) -> str:
+    """What computes a layer on lpt's kernels: MLAS's integer GEMM (its route), or numpy."""
+    route = gemm_route()
+    on_mlas = route is not None and layer.weights is not None and (
+        layer.op == "matmul" or (layer.op == "conv" and layer.attribute("group", 1) == 1))
+    return f"MLAS ({route})" if on_mlas else "numpy"
 
 
 def layer_function(layer: Int8Layer, threads: int = 0):

@@ -23,6 +23,7 @@ from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.step import Step
 from lpt.errors import DataError, ModelError
 from lpt.graph.constants import const_array
+from lpt.limits import bounded_threads
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,10 @@ class Plan:
             counts[step.backend] += len(step.nodes)
         return counts
 
+    def engine_counts(self) -> Counter:
+        """How many int8 layers (convolutions, matmuls) each engine computes."""
+        return Counter(step.engine for step in self.steps if step.layer is not None)
+
     def fallback_ops(self) -> Counter:
         return Counter(op for s in self.steps if s.backend != "int8 kernel" for op in s.op_types)
 
@@ -79,10 +84,12 @@ def _typed(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def compile_model(model: ir.Model, threads: int = 0) -> Plan:
+def compile_model(model: ir.Model, threads: int = 0, native: bool = True) -> Plan:
     """Resolve every node of `model` to a step: fused int8 chains on lpt's kernels, f32 regions on onnxruntime.
 
     `threads` is the thread count of the integer GEMM and of the onnxruntime sessions (0: one per core).
+    With `native` (the default), int8 layers run on lpt's oneDNN engine where it takes them; without,
+    every int8 step runs on lpt's NumPy/MLAS kernels, the readable reference the engine is checked against.
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
     over both branches; then every other node in order. What no int8 step claims stays in f32,
@@ -90,6 +97,7 @@ def compile_model(model: ir.Model, threads: int = 0) -> Plan:
     """
     from lpt.model_io import used_domains
 
+    threads = bounded_threads(threads)
     model = _typed(model)
     graph = model.graph
     opsets = {**{d: 1 for d in used_domains(model)}, **dict(model.opset_imports)}
@@ -112,7 +120,7 @@ def compile_model(model: ir.Model, threads: int = 0) -> Plan:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = try_int8_step(node, threads) or try_onnx_int8_step(node)
+        fused = try_int8_step(node, threads, native) or try_onnx_int8_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
         else:

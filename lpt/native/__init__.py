@@ -1,0 +1,49 @@
+"""lpt's native int8 engine: convolution and matmul on oneDNN 3.2, exact to the integer (issue 12, first piece).
+
+    conv = lpt.native.Conv(weights_s8, groups=1, strides=(1, 1), pads=(1, 1, 1, 1), src_zero_point=zp,
+                           multiplier=s_src * s_wei, bias=bias, post_ops=(Relu(),),
+                           dst_scale=s_dst, dst_zero_point=zp_dst, dst_dtype=np.uint8, threads=2)
+    dst = conv(src_u8_nchw)            # [N, OC, *out], lpt.kernels.output_stage's integers, bit for bit
+    acc = conv.accumulate(src_u8_nchw)  # the int32 accumulators, = lpt.kernels.reference.conv_reference
+
+    lpt.native.MatMul(weights_s8_kn, ...)    the same for u8/s8 [..., K] × constant s8 [K, N]
+    lpt.native.route()                       "u8s8", "split" or None: what this process runs (routes.py)
+    lpt.native.available(), unavailable_reason()
+
+Where the engine cannot run a step (see operations.py), creating it raises `Unsupported` with the
+reason, and lpt's NumPy/MLAS kernels run it. Without the engine (built without a C++ compiler or
+oneDNN, or LPT_ONEDNN=off) lpt says so once, here, and runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lpt.native._library import engine, reason
+from lpt.native.operations import Conv, MatMul, Unsupported
+from lpt.native.routes import exact_routes, route
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Conv", "MatMul", "Unsupported", "available", "exact_routes", "onednn_version", "route",
+           "unavailable_reason"]
+
+
+def available() -> bool:
+    """Whether the compiled engine and oneDNN loaded (not whether a route is exact here: see route())."""
+    return engine is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the engine is not available, or None."""
+    return reason
+
+
+def onednn_version() -> str | None:
+    """oneDNN's version as major.minor.patch, or None without the engine."""
+    return None if engine is None else "{}.{}.{}".format(*engine.version()[:3])
+
+
+if engine is None:
+    (logger.info if reason and reason.endswith("=off") else logger.warning)(
+        "lpt's native int8 engine is not available (%s): lpt runs its NumPy/MLAS kernels", reason)

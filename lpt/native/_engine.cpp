@@ -1,0 +1,632 @@
+// lpt.native._engine: one prepared int8 convolution or matmul on oneDNN 3.2, exact to the integer.
+//
+// An operation is created once with everything constant (weights, window, zero point, output stage,
+// route, threads) and then run many times. For each source shape it meets, it creates the oneDNN
+// primitive and reorders the weights into the layout the primitive chose, once (`Prepared`).
+//
+// oneDNN computes only the int32 accumulators acc = Σ (q_src − zp_src)·q_wei (source channels-last,
+// accumulators channels-last). The output stage runs here, on those accumulators, with the float32
+// operations of lpt/kernels/_elementwise.c in the same order: built with -ffp-contract=off and
+// without -ffast-math, it is bit-identical to lpt's NumPy output stage.
+//
+// Routes (lpt/native/__init__.py chooses one after probing both):
+// - "u8s8": the plain primitive. Exact with VNNI/AMX; on AVX2 oneDNN adds pairs of u8·s8 products
+//   in int16 with saturation (vpmaddubsw), so nearly every accumulator is wrong there.
+// - "split": w = 64·hi + lo with lo in [0, 63] and hi in [−2, 1]: a pair sum is at most
+//   2·255·63 = 32130 ≤ 32767, so nothing saturates. The same primitive runs twice (weights hi, then
+//   lo) and acc = 64·acc_hi + acc_lo is formed in integers inside the output stage.
+// An s8 source runs as u8 (q + 128, zero point + 128: the same differences), since oneDNN's s8
+// source path on AVX2 halves the weights and is not exact either.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+using namespace dnnl;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+namespace {
+
+const char *CAPSULE = "lpt.native._engine.Operation";
+
+engine &cpu() {
+    static engine e(engine::kind::cpu, 0);
+    return e;
+}
+
+// oneDNN streams are not meant to be shared between threads; one per calling thread.
+stream &thread_stream() {
+    static thread_local stream s(cpu());
+    return s;
+}
+
+// ---------------------------------------------------------------- output stage
+//
+// x = f32(acc)·m[c]; x = x + bias[c]; each clip as max then min; then, for an 8-bit destination,
+// y = x / s_dst, clamped to [qmin − zp, qmax − zp], rounded half to even, + zp. Exactly
+// lpt/kernels/_elementwise.c's output_stage (and hence lpt.kernels.output_stage).
+
+constexpr int64_t PARALLEL_WORK = 1 << 15;  // values below which a loop of ours runs on one thread
+
+enum class Dst { f32, u8, s8, s32 };  // s32: the accumulators themselves
+
+struct OutputStage {
+    std::vector<float> multiplier;  // [C]
+    std::vector<float> bias;        // [C] or empty
+    std::vector<float> clips;       // (low, high) pairs
+    Dst dst = Dst::f32;
+    float scale = 1.0f;
+    int zero_point = 0, qmin = 0, qmax = 255;
+};
+
+// rint for |y| ≤ 2^22 (lpt/kernels/_elementwise.c explains it): the float32 add rounds half to even.
+inline float round_half_even(float y) { return (y + 12582912.0f) - 12582912.0f; }
+
+// One row of C channels: acc from hi (and lo on the split route) → out[c * out_stride].
+template <typename T>
+void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t channels, float *x,
+               T *out, int64_t out_stride) {
+    if constexpr (std::is_same_v<T, int32_t>) {
+        for (int64_t c = 0; c < channels; ++c)
+            out[c * out_stride] = lo ? (int32_t)((uint32_t)hi[c] * 64u + (uint32_t)lo[c]) : hi[c];
+        return;
+    } else {
+        const float *m = s.multiplier.data();
+        if (lo)
+            for (int64_t c = 0; c < channels; ++c)
+                x[c] = (float)(int32_t)((uint32_t)hi[c] * 64u + (uint32_t)lo[c]) * m[c];
+        else
+            for (int64_t c = 0; c < channels; ++c) x[c] = (float)hi[c] * m[c];
+        if (!s.bias.empty()) {
+            const float *b = s.bias.data();
+            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] + b[c];
+        }
+        for (size_t k = 0; k + 1 < s.clips.size(); k += 2) {
+            const float low = s.clips[k], high = s.clips[k + 1];
+            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < low ? low : x[c];  // a NaN stays NaN
+            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] > high ? high : x[c];
+        }
+        if constexpr (std::is_same_v<T, float>) {
+            for (int64_t c = 0; c < channels; ++c) out[c * out_stride] = x[c];
+        } else {
+            const float zp = (float)s.zero_point, low = (float)(s.qmin - s.zero_point),
+                        high = (float)(s.qmax - s.zero_point), scale = s.scale;
+            for (int64_t c = 0; c < channels; ++c) {
+                float y = x[c] / scale;
+                y = y >= low ? y : low;  // a NaN gives the bound, as numpy's fmax/fmin
+                y = y <= high ? y : high;
+                x[c] = round_half_even(y) + zp;
+            }
+            for (int64_t c = 0; c < channels; ++c) out[c * out_stride] = (T)(int)x[c];
+        }
+    }
+}
+
+// Accumulators [images, positions, C] (channels-last) → out, either channels-last too or
+// channels-first [images, C, positions]. Channels-first goes through a tile of BLOCK positions, so
+// that each output row is written in runs of BLOCK contiguous values.
+template <typename T>
+void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images, int64_t positions,
+            int64_t channels, bool channels_first, void *out_v, int threads) {
+    constexpr int64_t BLOCK = 64;
+    T *out = static_cast<T *>(out_v);
+    const int64_t blocks = (positions + BLOCK - 1) / BLOCK, tasks = images * blocks;
+    // A parallel region costs a wake-up of every thread (far more on a loaded machine): small outputs take one.
+#pragma omp parallel num_threads(threads) if (threads > 1 && images * positions * channels >= PARALLEL_WORK)
+    {
+        std::vector<float> x(channels);
+        std::vector<T> tile(channels_first ? BLOCK * channels : 0);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tasks; ++t) {
+            const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
+            for (int64_t p = 0; p < count; ++p) {
+                const int64_t row = (n * positions + p0 + p) * channels;
+                if (channels_first)
+                    stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), tile.data() + p, BLOCK);
+                else
+                    stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), out + row, 1);
+            }
+            if (channels_first)
+                for (int64_t c = 0; c < channels; ++c)
+                    std::memcpy(out + (n * channels + c) * positions + p0, tile.data() + c * BLOCK,
+                                count * sizeof(T));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- operations
+
+enum class Kind { conv, matmul };
+enum class Route { u8s8, split };
+
+struct Prepared {  // one source shape
+    primitive prim;
+    memory src, dst_hi, dst_lo, zero_point;
+    memory weights_hi, weights_lo;  // reordered once; on the u8s8 route weights_hi holds w itself
+    std::vector<uint8_t> src_scratch;
+    std::vector<int32_t> acc_hi, acc_lo;
+    bool has_zero_point = false;
+    std::string impl;
+};
+
+struct Operation {
+    Kind kind;
+    Route route;
+    int threads;  // > 0
+    // weights as given (conv: [OC, IC/g, *kernel]; matmul: [K, N]), and the split halves
+    std::vector<int8_t> weights, hi, lo;
+    memory::dims weight_dims;  // oneDNN's: conv [g, OC/g, IC/g, *k] or [OC, IC, *k]; matmul [K, N]
+    int64_t groups = 1, out_channels = 0, in_channels = 0;
+    memory::dims strides, dilations, pads_begin, pads_end;  // dilations as oneDNN counts them (d − 1)
+    int src_zero_point = 0;
+    OutputStage stage;
+    std::map<std::vector<int64_t>, std::unique_ptr<Prepared>> prepared;  // key: source dims + signedness
+    std::string last_impl;
+    std::mutex lock;  // the scratch buffers belong to one run at a time
+};
+
+tag channels_last_tag(int rank) { return rank == 3 ? tag::acb : rank == 4 ? tag::acdb : tag::acdeb; }
+
+memory reordered(const std::vector<int8_t> &w, const memory::desc &user, const memory::desc &chosen) {
+    memory from(user, cpu(), const_cast<int8_t *>(w.data()));
+    memory to(chosen, cpu());
+    reorder(from, to).execute(thread_stream(), from, to);
+    thread_stream().wait();
+    return to;
+}
+
+memory::desc user_weights_desc(const Operation &op) {
+    if (op.kind == Kind::matmul) return memory::desc(op.weight_dims, dt::s8, tag::ab);
+    const int rank = (int)op.weight_dims.size();  // 3..6 with the group axis
+    static const tag tags[] = {tag::abc, tag::abcd, tag::abcde, tag::abcdef};
+    return memory::desc(op.weight_dims, dt::s8, tags[rank - 3]);
+}
+
+// src dims: conv [N, C, *spatial], matmul [M, K]
+Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) {
+    std::vector<int64_t> key(src_dims.begin(), src_dims.end());
+    key.push_back(signed_src);
+    auto found = op.prepared.find(key);
+    if (found != op.prepared.end()) return *found->second;
+
+    auto p = std::make_unique<Prepared>();
+    const int zero_point = op.src_zero_point + (signed_src ? 128 : 0);
+    primitive_attr attr;
+    if (zero_point != 0) {
+        attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+        p->has_zero_point = true;
+    }
+    const memory::desc weights_any(op.weight_dims, dt::s8, tag::any);
+    memory::desc weights_desc;
+    if (op.kind == Kind::conv) {
+        const int rank = (int)src_dims.size();
+        memory::dims dst_dims = {src_dims[0], op.out_channels};
+        for (int i = 0; i < rank - 2; ++i) {
+            const int64_t k = op.weight_dims[op.weight_dims.size() - (rank - 2) + i];
+            const int64_t extent = (k - 1) * (op.dilations[i] + 1) + 1;
+            dst_dims.push_back((src_dims[2 + i] + op.pads_begin[i] + op.pads_end[i] - extent) / op.strides[i] + 1);
+        }
+        const memory::desc src_md(src_dims, dt::u8, channels_last_tag(rank));
+        const memory::desc dst_md(dst_dims, dt::s32, channels_last_tag(rank));
+        auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
+                algorithm::convolution_direct, src_md, weights_any, dst_md, op.strides, op.dilations,
+                op.pads_begin, op.pads_end, attr);
+        p->impl = pd.impl_info_str();
+        p->prim = convolution_forward(pd);
+        weights_desc = pd.weights_desc();
+        p->src = memory(pd.src_desc(), cpu(), nullptr);
+        p->dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
+        p->dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+    } else {
+        const memory::desc src_md(src_dims, dt::u8, tag::ab);
+        const memory::desc dst_md({src_dims[0], op.out_channels}, dt::s32, tag::ab);
+        auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, dst_md, attr);
+        p->impl = pd.impl_info_str();
+        p->prim = matmul(pd);
+        weights_desc = pd.weights_desc();
+        p->src = memory(pd.src_desc(), cpu(), nullptr);
+        p->dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
+        p->dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+    }
+    const memory::desc user = user_weights_desc(op);
+    if (op.route == Route::split) {
+        p->weights_hi = reordered(op.hi, user, weights_desc);
+        p->weights_lo = reordered(op.lo, user, weights_desc);
+    } else {
+        p->weights_hi = reordered(op.weights, user, weights_desc);
+    }
+    const size_t accumulators = p->dst_hi.get_desc().get_size() / sizeof(int32_t);
+    p->acc_hi.resize(accumulators);
+    if (op.route == Route::split) p->acc_lo.resize(accumulators);
+    p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
+    *static_cast<int32_t *>(p->zero_point.get_data_handle()) = zero_point;
+    op.last_impl = p->impl;
+    return *op.prepared.emplace(key, std::move(p)).first->second;
+}
+
+// src [N, C, P] channels-first → scratch [N, P, C], XOR 0x80 for an s8 source (q + 128 as u8).
+void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t channels, int64_t positions,
+                      uint8_t flip, int threads) {
+    constexpr int64_t BLOCK = 64;
+    const int64_t blocks = (positions + BLOCK - 1) / BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (images * positions * channels >= PARALLEL_WORK)
+    for (int64_t t = 0; t < images * blocks; ++t) {
+        const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
+        for (int64_t c = 0; c < channels; ++c) {
+            const uint8_t *from = src + (n * channels + c) * positions + p0;
+            uint8_t *to = dst + (n * positions + p0) * channels + c;
+            for (int64_t p = 0; p < count; ++p) to[p * channels] = from[p] ^ flip;
+        }
+    }
+}
+
+void flip_signs(const uint8_t *src, uint8_t *dst, int64_t count, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (count >= 4 * PARALLEL_WORK)
+    for (int64_t i = 0; i < count; ++i) dst[i] = src[i] ^ 0x80;
+}
+
+// ---------------------------------------------------------------- Python glue
+
+struct Buffer {  // a Py_buffer released on scope exit
+    Py_buffer view{};
+    bool held = false;
+    ~Buffer() {
+        if (held) PyBuffer_Release(&view);
+    }
+    bool get(PyObject *o, int flags) {
+        held = PyObject_GetBuffer(o, &view, flags) == 0;
+        return held;
+    }
+    char format() const {
+        const char *f = view.format ? view.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@' || *f == '|') ++f;
+        return f[1] == '\0' ? f[0] : '?';
+    }
+};
+
+Operation *operation(PyObject *capsule) {
+    return static_cast<Operation *>(PyCapsule_GetPointer(capsule, CAPSULE));
+}
+
+void destroy(PyObject *capsule) { delete operation(capsule); }
+
+std::vector<int64_t> int_sequence(PyObject *o, const char *name) {
+    std::vector<int64_t> values;
+    PyObject *seq = PySequence_Fast(o, name);
+    if (!seq) throw std::invalid_argument(std::string(name) + " must be a sequence of integers");
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            PyErr_Clear();
+            throw std::invalid_argument(std::string(name) + " must be a sequence of integers");
+        }
+        values.push_back(v);
+    }
+    Py_DECREF(seq);
+    return values;
+}
+
+std::vector<float> float_vector(PyObject *o, const char *name) {
+    Buffer b;
+    if (!b.get(o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) || b.format() != 'f') {
+        PyErr_Clear();
+        throw std::invalid_argument(std::string(name) + " must be a contiguous float32 array");
+    }
+    const float *data = static_cast<const float *>(b.view.buf);
+    return std::vector<float>(data, data + b.view.len / sizeof(float));
+}
+
+// The part of create() that both kinds share: weights, route, zero point, output stage, threads.
+bool parse_common(Operation &op, PyObject *weights, const char *route, int threads, int src_zero_point,
+                  PyObject *multiplier, PyObject *bias, PyObject *clips, const char *dst, double scale,
+                  int zero_point, int qmin, int qmax) {
+    Buffer w;
+    if (!w.get(weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return false;
+    if (w.format() != 'b') throw std::invalid_argument("weights must be a C-contiguous int8 array");
+    const int8_t *data = static_cast<const int8_t *>(w.view.buf);
+    op.weights.assign(data, data + w.view.len);
+    const std::string r(route);
+    if (r == "u8s8") op.route = Route::u8s8;
+    else if (r == "split") op.route = Route::split;
+    else throw std::invalid_argument("route must be 'u8s8' or 'split', got '" + r + "'");
+    if (op.route == Route::split) {
+        op.hi.resize(op.weights.size());
+        op.lo.resize(op.weights.size());
+        for (size_t i = 0; i < op.weights.size(); ++i) {
+            op.hi[i] = (int8_t)(op.weights[i] >> 6);  // floor(w / 64): an arithmetic shift
+            op.lo[i] = (int8_t)(op.weights[i] & 63);
+        }
+    }
+    op.threads = threads > 0 ? threads : omp_get_num_procs();
+    op.src_zero_point = src_zero_point;
+    op.stage.multiplier = float_vector(multiplier, "multiplier");
+    if (bias != Py_None) op.stage.bias = float_vector(bias, "bias");
+    op.stage.clips = float_vector(clips, "clips");
+    const std::string d(dst);
+    op.stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
+    if (d != "f32" && d != "u8" && d != "s8") throw std::invalid_argument("dst must be 'f32', 'u8' or 's8'");
+    op.stage.scale = (float)scale;
+    op.stage.zero_point = zero_point;
+    op.stage.qmin = qmin;
+    op.stage.qmax = qmax;
+    return true;
+}
+
+void check_stage(const Operation &op) {
+    const size_t c = (size_t)op.out_channels;
+    if (op.stage.multiplier.size() != c) throw std::invalid_argument("multiplier must have one value per output channel");
+    if (!op.stage.bias.empty() && op.stage.bias.size() != c)
+        throw std::invalid_argument("bias must have one value per output channel");
+}
+
+PyObject *fail(const std::exception &e) {
+    if (!PyErr_Occurred()) {
+        if (dynamic_cast<const std::invalid_argument *>(&e)) PyErr_SetString(PyExc_ValueError, e.what());
+        else PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return nullptr;
+}
+
+const char CONV_DOC[] =
+    "conv(weights, groups, strides, dilations, pads_begin, pads_end, src_zero_point, route, threads,\n"
+    "     multiplier, bias, clips, dst, dst_scale, dst_zero_point, qmin, qmax) -> operation\n\n"
+    "weights: int8 [OC, IC/groups, *kernel] (1 to 3 spatial axes); dilations as ONNX counts them (1 = none);\n"
+    "multiplier, bias: float32 [OC] (bias may be None); clips: float32 (low, high) pairs; dst 'f32', 'u8', 's8'.";
+
+PyObject *py_conv(PyObject *, PyObject *args) {
+    PyObject *weights, *shape_o, *strides_o, *dilations_o, *begin_o, *end_o, *multiplier, *bias, *clips;
+    int groups, src_zero_point, threads, zero_point, qmin, qmax;
+    const char *route, *dst;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOiOOOOisiOOOsdiii", &weights, &shape_o, &groups, &strides_o, &dilations_o,
+                          &begin_o, &end_o, &src_zero_point, &route, &threads, &multiplier, &bias, &clips, &dst,
+                          &scale, &zero_point, &qmin, &qmax))
+        return nullptr;
+    auto op = std::make_unique<Operation>();
+    try {
+        op->kind = Kind::conv;
+        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, clips, dst, scale,
+                          zero_point, qmin, qmax))
+            return nullptr;
+        const auto shape = int_sequence(shape_o, "weight shape");
+        const int spatial = (int)shape.size() - 2;
+        if (spatial < 1 || spatial > 3) throw std::invalid_argument("weights must be [OC, IC/groups, *kernel] with 1 to 3 kernel axes");
+        int64_t count = 1;
+        for (auto v : shape) count *= v;
+        if ((size_t)count != op->weights.size()) throw std::invalid_argument("weights do not have the given shape");
+        if (groups < 1 || shape[0] % groups) throw std::invalid_argument("output channels must divide into the groups");
+        op->groups = groups;
+        op->out_channels = shape[0];
+        op->in_channels = shape[1] * groups;
+        if (groups > 1) {
+            op->weight_dims = {groups, shape[0] / groups};
+            op->weight_dims.insert(op->weight_dims.end(), shape.begin() + 1, shape.end());
+        } else {
+            op->weight_dims.assign(shape.begin(), shape.end());
+        }
+        op->strides = int_sequence(strides_o, "strides");
+        op->dilations = int_sequence(dilations_o, "dilations");
+        for (auto &d : op->dilations) d -= 1;
+        op->pads_begin = int_sequence(begin_o, "pads_begin");
+        op->pads_end = int_sequence(end_o, "pads_end");
+        for (const auto *v : {&op->strides, &op->dilations, &op->pads_begin, &op->pads_end})
+            if ((int)v->size() != spatial) throw std::invalid_argument("strides, dilations and pads need one value per kernel axis");
+        check_stage(*op);
+    } catch (const std::exception &e) {
+        return fail(e);
+    }
+    return PyCapsule_New(op.release(), CAPSULE, destroy);
+}
+
+const char MATMUL_DOC[] =
+    "matmul(weights, src_zero_point, route, threads, multiplier, bias, clips, dst, dst_scale, dst_zero_point,\n"
+    "       qmin, qmax) -> operation\n\nweights: int8 [K, N]; multiplier, bias: float32 [N].";
+
+PyObject *py_matmul(PyObject *, PyObject *args) {
+    PyObject *weights, *shape_o, *multiplier, *bias, *clips;
+    int src_zero_point, threads, zero_point, qmin, qmax;
+    const char *route, *dst;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOisiOOOsdiii", &weights, &shape_o, &src_zero_point, &route, &threads, &multiplier,
+                          &bias, &clips, &dst, &scale, &zero_point, &qmin, &qmax))
+        return nullptr;
+    auto op = std::make_unique<Operation>();
+    try {
+        op->kind = Kind::matmul;
+        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, clips, dst, scale,
+                          zero_point, qmin, qmax))
+            return nullptr;
+        const auto shape = int_sequence(shape_o, "weight shape");
+        if (shape.size() != 2 || (size_t)(shape[0] * shape[1]) != op->weights.size())
+            throw std::invalid_argument("weights must be [K, N]");
+        op->weight_dims = {shape[0], shape[1]};
+        op->in_channels = shape[0];
+        op->out_channels = shape[1];
+        check_stage(*op);
+    } catch (const std::exception &e) {
+        return fail(e);
+    }
+    return PyCapsule_New(op.release(), CAPSULE, destroy);
+}
+
+// Where a conv source lies in memory: channels-first [N, C, *spatial] contiguous, or channels-last
+// ([N, *spatial, C] contiguous, seen as [N, C, *spatial]). Anything else: neither.
+enum class Layout { channels_first, channels_last, other };
+
+Layout layout_of(const Py_buffer &v) {
+    Py_ssize_t expected = v.itemsize;
+    bool first = true;
+    for (int i = v.ndim - 1; i >= 0; --i) {
+        if (v.shape[i] != 1 && v.strides[i] != expected) first = false;
+        expected *= v.shape[i];
+    }
+    if (first) return Layout::channels_first;
+    expected = v.itemsize;
+    bool last = v.shape[1] == 1 || v.strides[1] == expected;
+    expected *= v.shape[1];
+    for (int i = v.ndim - 1; i >= 2; --i) {
+        if (v.shape[i] != 1 && v.strides[i] != expected) last = false;
+        expected *= v.shape[i];
+    }
+    if (v.shape[0] != 1 && v.strides[0] != expected) last = false;
+    return last ? Layout::channels_last : Layout::other;
+}
+
+const char RUN_DOC[] =
+    "run(operation, src, out, accumulators=False, channels_last=False)\n\n"
+    "conv: src uint8/int8 [N, C, *spatial] (contiguous, or a channels-last view); out [N, OC, *out_spatial],\n"
+    "C-contiguous (or [N, *out_spatial, OC] with channels_last). matmul: src [M, K] C-contiguous, out [M, N].\n"
+    "out is float32/uint8/int8 as the operation's dst, or int32 with `accumulators` (no output stage).";
+
+PyObject *py_run(PyObject *, PyObject *args) {
+    PyObject *capsule, *src_o, *out_o;
+    int accumulators = 0, channels_last_out = 0;
+    if (!PyArg_ParseTuple(args, "OOO|pp", &capsule, &src_o, &out_o, &accumulators, &channels_last_out))
+        return nullptr;
+    Operation *op = operation(capsule);
+    if (!op) return nullptr;
+    Buffer src, out;
+    if (!src.get(src_o, PyBUF_RECORDS_RO) || !out.get(out_o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE))
+        return nullptr;
+    const char sf = src.format(), of = out.format();
+    if (sf != 'B' && sf != 'b') {
+        PyErr_SetString(PyExc_TypeError, "src must be uint8 or int8");
+        return nullptr;
+    }
+    const Dst dst = accumulators ? Dst::s32 : op->stage.dst;
+    const char expected_format = dst == Dst::s32 ? 'i' : dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b';
+    if (of != expected_format) {
+        PyErr_Format(PyExc_TypeError, "out must have the format '%c', not '%c'", expected_format, of);
+        return nullptr;
+    }
+    const Py_buffer &v = src.view;
+    memory::dims dims(v.shape, v.shape + v.ndim);
+    Layout layout = Layout::channels_first;
+    if (op->kind == Kind::conv) {
+        const int rank = (int)op->weight_dims.size() - (op->groups > 1 ? 1 : 0);
+        if (v.ndim != rank || dims[1] != op->in_channels) {
+            PyErr_Format(PyExc_ValueError, "src must be [N, %lld, ...] of rank %d", (long long)op->in_channels, rank);
+            return nullptr;
+        }
+        layout = layout_of(v);
+    } else {
+        if (v.ndim != 2 || dims[1] != op->in_channels) {
+            PyErr_Format(PyExc_ValueError, "src must be [M, %lld]", (long long)op->in_channels);
+            return nullptr;
+        }
+        layout = PyBuffer_IsContiguous(&v, 'C') ? Layout::channels_first : Layout::other;
+    }
+    if (layout == Layout::other) {
+        PyErr_SetString(PyExc_ValueError, "src must be contiguous (conv: channels-first or channels-last)");
+        return nullptr;
+    }
+    std::string error;
+    Py_BEGIN_ALLOW_THREADS;
+    try {
+        std::lock_guard<std::mutex> guard(op->lock);
+        const bool signed_src = sf == 'b';
+        Prepared &p = prepare(*op, dims, signed_src);
+        const int64_t images = dims[0];
+        int64_t positions = 1;
+        for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
+        const uint8_t *data = static_cast<const uint8_t *>(v.buf);
+        const size_t src_bytes = p.src.get_desc().get_size();
+        const size_t out_items = p.acc_hi.size();
+        if ((size_t)out.view.len != out_items * out.view.itemsize)
+            throw std::invalid_argument("out does not have the output's size");
+        // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
+        if (op->kind == Kind::conv && layout == Layout::channels_first && dims[1] > 1 &&
+            positions > 1) {
+            p.src_scratch.resize(src_bytes);
+            to_channels_last(data, p.src_scratch.data(), images, dims[1], positions, signed_src ? 0x80 : 0,
+                             op->threads);
+            data = p.src_scratch.data();
+        } else if (signed_src) {
+            p.src_scratch.resize(src_bytes);
+            flip_signs(data, p.src_scratch.data(), (int64_t)src_bytes, op->threads);
+            data = p.src_scratch.data();
+        }
+        omp_set_num_threads(op->threads);
+        p.src.set_data_handle(const_cast<uint8_t *>(data));
+        p.dst_hi.set_data_handle(p.acc_hi.data());
+        std::unordered_map<int, memory> arguments{
+                {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights_hi}, {DNNL_ARG_DST, p.dst_hi}};
+        if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
+        p.prim.execute(thread_stream(), arguments);
+        if (op->route == Route::split) {
+            p.dst_lo.set_data_handle(p.acc_lo.data());
+            arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
+            arguments[DNNL_ARG_DST] = p.dst_lo;
+            p.prim.execute(thread_stream(), arguments);
+        }
+        thread_stream().wait();
+        const int32_t *lo = op->route == Route::split ? p.acc_lo.data() : nullptr;
+        const int64_t channels = op->out_channels;
+        // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
+        const int64_t out_images = op->kind == Kind::conv ? images : 1;
+        const int64_t out_positions = (int64_t)out_items / (out_images * channels);
+        const bool channels_first = op->kind == Kind::conv && !channels_last_out;
+        switch (dst) {
+            case Dst::s32: finish<int32_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
+                                           channels_first, out.view.buf, op->threads); break;
+            case Dst::f32: finish<float>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
+                                         channels_first, out.view.buf, op->threads); break;
+            case Dst::u8: finish<uint8_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
+                                          channels_first, out.view.buf, op->threads); break;
+            case Dst::s8: finish<int8_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
+                                         channels_first, out.view.buf, op->threads); break;
+        }
+    } catch (const dnnl::error &e) {
+        error = std::string("oneDNN: ") + e.what();
+    } catch (const std::exception &e) {
+        error = e.what();
+    }
+    Py_END_ALLOW_THREADS;
+    if (!error.empty()) {
+        PyErr_SetString(PyExc_RuntimeError, error.c_str());
+        return nullptr;
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *py_implementation(PyObject *, PyObject *args) {
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
+    Operation *op = operation(capsule);
+    if (!op) return nullptr;
+    return PyUnicode_FromString(op->last_impl.c_str());
+}
+
+PyObject *py_version(PyObject *, PyObject *) {
+    const dnnl_version_t *v = dnnl_version();
+    return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
+}
+
+PyMethodDef methods[] = {
+        {"conv", py_conv, METH_VARARGS, CONV_DOC},
+        {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
+        {"run", py_run, METH_VARARGS, RUN_DOC},
+        {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
+        {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
+        {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",
+                      "int8 convolution and matmul on oneDNN with lpt's exact output stage", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__engine(void) { return PyModule_Create(&module); }

@@ -1,0 +1,215 @@
+"""One int8 convolution or matmul on oneDNN, prepared once and run many times, exact to the integer.
+
+Both compute acc = Σ (q_src − zp_src)·q_wei in int32 (the padding of a convolution holds zp_src, so
+it adds nothing, as ONNX's ConvInteger), then lpt's output stage, in f32 and in this order:
+    x = f32(acc)·m[c];  x = x + bias[c];  Relu / Clip;  q = saturate(rint(x / s_dst) + zp_dst)
+(or x itself for an f32 destination), bit-identical to lpt.kernels.output_stage on every route.
+
+What stays on lpt's NumPy/MLAS path raises `Unsupported` at creation, with the reason: a weight
+zero point other than 0, uint8 weights, post-ops other than Relu and Clip (Sigmoid's exp would not
+be numpy's to the bit), a per-channel destination scale or zero point, a reduction longer than
+int32 holds for every input, or no native engine / no exact route on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lpt.kernels.int8_gemm import MAX_REDUCTION
+from lpt.kernels.output_stage import Clip, Relu
+from lpt.kernels.quantize import integer_container
+from lpt.kernels.window import Window
+from lpt.native import routes
+from lpt.native._library import engine, reason
+
+_DESTINATIONS = {np.dtype(np.float32): "f32", np.dtype(np.uint8): "u8", np.dtype(np.int8): "s8"}
+
+
+class Unsupported(ValueError):
+    """The native engine does not run this step; the message says why (lpt's NumPy/MLAS path does)."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), which bounds the engine's threads."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Operation:
+    """What Conv and MatMul share: the route, the output stage's parameters, the threads."""
+
+    def __init__(self, out_channels, reduction, multiplier, bias, post_ops, dst_scale, dst_zero_point, dst_dtype,
+                 qmin, qmax, threads, route):
+        if engine is None:
+            raise Unsupported(f"the native engine is not available: {reason}")
+        self.route = route or routes.route()
+        if self.route is None:
+            raise Unsupported(f"no exact oneDNN route on this machine ({routes.ROUTE_VARIABLE}="
+                              f"{os.environ.get(routes.ROUTE_VARIABLE, 'auto')})")
+        if self.route not in routes.ROUTES:
+            raise ValueError(f"unknown route {self.route!r}: one of {', '.join(routes.ROUTES)}")
+        if reduction > MAX_REDUCTION:
+            raise Unsupported(f"a reduction of {reduction} could overflow int32 (at most {MAX_REDUCTION})")
+        self.threads = min(threads, usable_cores()) if threads > 0 else usable_cores()
+        self.multiplier = _per_channel(multiplier, out_channels, "multiplier")
+        self.bias = None if bias is None else _per_channel(bias, out_channels, "bias")
+        self.clips = _clips(post_ops)
+        if np.size(dst_scale) > 1 or np.size(dst_zero_point) != 1:
+            raise Unsupported("a per-channel destination scale or zero point")
+        if dst_scale is None:
+            if dst_dtype not in (None, np.float32):
+                raise ValueError(f"a {np.dtype(dst_dtype)} destination needs a dst_scale")
+            self.dst_dtype, qmin, qmax = np.dtype(np.float32), 0, 0
+        else:
+            if dst_dtype is None:
+                dst_dtype = integer_container(0 if qmin is None else qmin, 255 if qmax is None else qmax)
+            self.dst_dtype = np.dtype(dst_dtype)
+            if self.dst_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+                raise Unsupported(f"a {self.dst_dtype} destination (u8, s8 or f32 only)")
+            info = np.iinfo(self.dst_dtype)
+            qmin, qmax = (info.min if qmin is None else qmin), (info.max if qmax is None else qmax)
+            if not info.min <= qmin <= qmax <= info.max:
+                raise ValueError(f"[{qmin}, {qmax}] is not a range within {self.dst_dtype}")
+        self._stage = (self.multiplier, self.bias, self.clips, _DESTINATIONS[self.dst_dtype],
+                       1.0 if dst_scale is None else float(np.float32(np.asarray(dst_scale).reshape(()))),
+                       int(np.asarray(dst_zero_point).reshape(())), int(qmin), int(qmax))
+
+    @property
+    def implementation(self) -> str:
+        """The oneDNN implementation of the primitive last prepared (e.g. brg:avx512_core_vnni), '' before a run."""
+        return engine.implementation(self._operation)
+
+    def _check_src(self, src: np.ndarray) -> None:
+        if src.dtype not in (np.uint8, np.int8):
+            raise TypeError(f"the source must be uint8 or int8, got {src.dtype}")
+        info = np.iinfo(src.dtype)
+        if not info.min <= self.src_zero_point <= info.max:
+            raise ValueError(f"source zero point {self.src_zero_point} is outside {src.dtype}")
+
+
+class Conv(_Operation):
+    """dst[n, oc, o] = output_stage(Σ_{ic,k} (q_src[n, ic', o·s + k·d − pad] − zp_src)·q_wei[oc, ic, k]) on oneDNN.
+
+    weights: int8 [OC, IC/groups, *kernel], 1 to 3 spatial axes; strides, dilations, pads as ONNX's
+    Conv (pads [x1_begin, x2_begin, …, x1_end, x2_end], explicit); multiplier f32, one or one per
+    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip;
+    dst_scale None for an f32 destination, else the destination's scale and zero point, in
+    dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
+    [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
+    routes.route(), or "u8s8" / "split" (a route not exact on this CPU gives wrong results).
+    The primitive for a source shape is created, and the weights reordered, at its first run.
+    """
+
+    def __init__(self, weights, *, groups: int = 1, strides=None, dilations=None, pads=None, src_zero_point: int = 0,
+                 weight_zero_point=0, multiplier=1.0, bias=None, post_ops=(), dst_scale=None, dst_zero_point=0,
+                 dst_dtype=None, qmin: int | None = None, qmax: int | None = None, threads: int = 0,
+                 route: str | None = None):
+        weights = np.asarray(weights)
+        if weights.dtype != np.int8:
+            raise Unsupported(f"{weights.dtype} weights (int8 only)")
+        if not 3 <= weights.ndim <= 5:
+            raise Unsupported(f"a convolution with {weights.ndim - 2} spatial axes (1 to 3 only)")
+        if np.any(np.asarray(weight_zero_point) != 0):
+            raise Unsupported("a weight zero point other than 0")
+        if groups < 1 or weights.shape[0] % groups:
+            raise ValueError(f"weights of shape {weights.shape} do not fit a convolution with {groups} groups")
+        super().__init__(weights.shape[0], int(np.prod(weights.shape[1:])), multiplier, bias, post_ops, dst_scale,
+                         dst_zero_point, dst_dtype, qmin, qmax, threads, route)
+        self.window = Window.of(weights.shape[2:], strides, dilations, pads)
+        self.groups, self.src_zero_point = groups, int(src_zero_point)
+        self.out_channels, self.in_channels = weights.shape[0], weights.shape[1] * groups
+        rank = len(self.window.kernel)
+        self._operation = engine.conv(np.ascontiguousarray(weights), weights.shape, groups, self.window.strides,
+                                      self.window.dilations, self.window.pads[:rank], self.window.pads[rank:],
+                                      self.src_zero_point, self.route, self.threads, *self._stage)
+
+    def __call__(self, src, channels_last: bool = False) -> np.ndarray:
+        """dst [N, OC, *out] from src uint8/int8 [N, IC, *spatial]; with `channels_last`, a view of [N, *out, OC]."""
+        return self._run(src, None, channels_last)
+
+    def accumulate(self, src, channels_last: bool = False) -> np.ndarray:
+        """acc int32 [N, OC, *out], before the output stage: what the exactness tests compare."""
+        return self._run(src, np.int32, channels_last)
+
+    def _run(self, src, dtype, channels_last: bool) -> np.ndarray:
+        src = np.asarray(src)
+        self._check_src(src)
+        if src.ndim != 2 + len(self.window.kernel) or src.shape[1] != self.in_channels:
+            raise ValueError(f"source of shape {src.shape} does not fit weights for {self.in_channels} input channels")
+        if not (src.flags.c_contiguous or np.moveaxis(src, 1, -1).flags.c_contiguous):
+            src = np.ascontiguousarray(src)
+        out_spatial = self.window.output_shape(src.shape[2:])
+        dtype = self.dst_dtype if dtype is None else dtype
+        if channels_last:
+            out = np.empty((src.shape[0],) + out_spatial + (self.out_channels,), dtype)
+            engine.run(self._operation, src, out, dtype == np.int32, True)
+            return np.moveaxis(out, -1, 1)
+        out = np.empty((src.shape[0], self.out_channels) + out_spatial, dtype)
+        engine.run(self._operation, src, out, dtype == np.int32, False)
+        return out
+
+
+class MatMul(_Operation):
+    """dst[..., n] = output_stage(Σ_k (q_src[..., k] − zp_src)·q_wei[k, n]) on oneDNN, for a constant int8 [K, N].
+
+    The same parameters as Conv, per N instead of per OC; the source's leading axes are flattened to M rows.
+    """
+
+    def __init__(self, weights, *, src_zero_point: int = 0, weight_zero_point=0, multiplier=1.0, bias=None,
+                 post_ops=(), dst_scale=None, dst_zero_point=0, dst_dtype=None, qmin: int | None = None,
+                 qmax: int | None = None, threads: int = 0, route: str | None = None):
+        weights = np.asarray(weights)
+        if weights.dtype != np.int8 or weights.ndim != 2:
+            raise Unsupported(f"{weights.dtype} weights of shape {weights.shape} (int8 [K, N] only)")
+        if np.any(np.asarray(weight_zero_point) != 0):
+            raise Unsupported("a weight zero point other than 0")
+        super().__init__(weights.shape[1], weights.shape[0], multiplier, bias, post_ops, dst_scale, dst_zero_point,
+                         dst_dtype, qmin, qmax, threads, route)
+        self.src_zero_point = int(src_zero_point)
+        self.reduction, self.columns = weights.shape
+        self._operation = engine.matmul(np.ascontiguousarray(weights), weights.shape, self.src_zero_point, self.route,
+                                        self.threads, *self._stage)
+
+    def __call__(self, src) -> np.ndarray:
+        """dst [..., N] from src uint8/int8 [..., K]."""
+        return self._run(src, self.dst_dtype)
+
+    def accumulate(self, src) -> np.ndarray:
+        """acc int32 [..., N], before the output stage."""
+        return self._run(src, np.int32)
+
+    def _run(self, src, dtype) -> np.ndarray:
+        src = np.asarray(src)
+        self._check_src(src)
+        if src.ndim < 1 or src.shape[-1] != self.reduction:
+            raise ValueError(f"source of shape {src.shape} does not fit weights [K={self.reduction}, N]")
+        rows = np.ascontiguousarray(src.reshape(-1, self.reduction))
+        out = np.empty((rows.shape[0], self.columns), dtype)
+        if rows.shape[0]:
+            engine.run(self._operation, rows, out, dtype == np.int32)
+        return out.reshape(src.shape[:-1] + (self.columns,))
+
+
+def _per_channel(value, channels: int, name: str) -> np.ndarray:
+    """One f32 per channel, from one value or one per channel."""
+    value = np.asarray(value, dtype=np.float32).reshape(-1)
+    if value.size not in (1, channels):
+        raise ValueError(f"{value.size} {name} values for {channels} channels")
+    return np.ascontiguousarray(np.broadcast_to(value, (channels,)))
+
+
+def _clips(post_ops) -> np.ndarray:
+    """Relu and Clip as (low, high) pairs: Relu is max(x, 0), a clip with no upper bound."""
+    pairs = []
+    for op in post_ops:
+        if isinstance(op, Relu):
+            pairs.append((0.0, np.inf))
+        elif isinstance(op, Clip):
+            pairs.append((op.low, op.high))
+        else:
+            raise Unsupported(f"the post-op {type(op).__name__} (Relu and Clip only)")
+    return np.array(pairs, np.float32).reshape(-1)

@@ -1,0 +1,134 @@
+"""lpt.native.Conv against lpt's NumPy oracle: int32 accumulators and the whole output stage, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lpt.native
+from lpt.kernels import Clip, Relu
+from lpt.kernels.output_stage import output_stage
+from lpt.kernels.reference import conv_reference, output_stage_reference
+
+# Every exact route on this CPU (the one this process takes among them), and the split route
+# always: it is the one a CPU without VNNI runs, and CI may have VNNI.
+ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
+
+def values(rng, draw, dtype, shape, extremes):
+    info = np.iinfo(dtype)
+    kind = draw(extremes)
+    if kind == "max":
+        return np.full(shape, info.max, dtype)
+    if kind == "min":
+        return np.full(shape, info.min, dtype)
+    if kind == "ends":
+        return rng.choice(np.array([info.min, info.max], dtype), shape)
+    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+@st.composite
+def conv_cases(draw):
+    """A convolution and its source: 1-3 spatial axes, groups (depthwise too), strides, dilations, pads, zero points."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rank = draw(st.sampled_from([1, 2, 2, 2, 3]))
+    depthwise = draw(st.booleans())
+    groups = draw(st.integers(1, 6)) if depthwise else draw(st.integers(1, 3))
+    in_per_group = 1 if depthwise else draw(st.integers(1, 7))
+    out_per_group = draw(st.integers(1, 2)) if depthwise else draw(st.integers(1, 6))
+    small = rank == 3
+    kernel = tuple(draw(st.integers(1, 2 if small else 3)) for _ in range(rank))
+    strides = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    dilations = tuple(draw(st.integers(1, 2)) for _ in range(rank))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(2 * rank))
+    extents = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    spatial = tuple(max(draw(st.integers(1, 4 if small else 8)), e - pads[i] - pads[rank + i])
+                    for i, e in enumerate(extents))
+    src_dtype = draw(st.sampled_from([np.uint8, np.int8]))
+    extremes = st.sampled_from(["random", "random", "max", "min", "ends"])
+    src = values(rng, draw, src_dtype, (draw(st.integers(1, 2)), groups * in_per_group) + spatial, extremes)
+    if draw(st.booleans()):  # a channels-last source, as lpt's MLAS route leaves it, seen as [N, C, *spatial]
+        src = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)
+    weights = values(rng, draw, np.int8, (groups * out_per_group, in_per_group) + kernel, extremes)
+    info = np.iinfo(src_dtype)
+    zero_point = draw(st.sampled_from([0, int(info.min), int(info.max), int(rng.integers(info.min, info.max + 1))]))
+    window = dict(groups=groups, strides=strides, dilations=dilations, pads=pads)
+    return src, weights, zero_point, window, rng
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@given(case=conv_cases())
+@settings(max_examples=60, deadline=None)
+def test_accumulators_equal_the_reference(route, case):
+    src, weights, zero_point, window, _ = case
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=1, **window)
+    expected = conv_reference(src, weights, zero_point, **window)
+    assert np.array_equal(conv.accumulate(src), expected)
+    assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
+
+
+DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
+    (None, 0, None, None, None),
+    (0.05, 3, np.uint8, None, None),
+    (0.02, -5, np.int8, None, None),
+    (0.02, 0, np.int8, -127, 127),
+    (1.0, 0, np.int8, None, None),  # with a multiplier of 0.5: every odd accumulator is a tie
+]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@given(case=conv_cases(), destination=st.sampled_from(DESTINATIONS), per_channel=st.booleans(),
+       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0)]), max_size=2))
+@settings(max_examples=40, deadline=None)
+def test_output_stage_equals_lpts_numpy_output_stage(route, case, destination, per_channel, bias, post_ops):
+    src, weights, zero_point, window, rng = case
+    out_channels = weights.shape[0]
+    dst_scale, dst_zero_point, dst_dtype, qmin, qmax = destination
+    if dst_scale == 1.0:
+        multiplier = np.float32(0.5)
+    else:
+        multiplier = rng.uniform(1e-5, 1e-3, out_channels if per_channel else 1).astype(np.float32)
+    bias = rng.normal(0, 2, out_channels).astype(np.float32) if bias else None
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, multiplier=multiplier, bias=bias,
+                           post_ops=tuple(post_ops), dst_scale=dst_scale, dst_zero_point=dst_zero_point,
+                           dst_dtype=dst_dtype, qmin=qmin, qmax=qmax, route=route, threads=1, **window)
+    info = np.iinfo(dst_dtype) if dst_dtype else None
+    qmin = info.min if qmin is None and info else qmin
+    qmax = info.max if qmax is None and info else qmax
+    acc = conv_reference(src, weights, zero_point, **window).astype(np.int32)
+    stage = dict(multiplier=multiplier, bias=bias, post_ops=tuple(post_ops),
+                 dst_scale=None if dst_scale is None else np.float32(dst_scale),
+                 dst_zero_point=np.int32(dst_zero_point), qmin=qmin or 0, qmax=qmax or 255)
+    expected = output_stage(acc, **stage)
+    got = conv(src)
+    assert same_bits(got, expected)
+    reference = output_stage_reference(acc, **stage)
+    assert np.array_equal(got, reference.astype(got.dtype))
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_resnet_layer_with_extreme_values(route):
+    """255 against 127 and −128 over a 3×3×64 window: every int16 pair sum of the plain kernel would saturate."""
+    rng = np.random.default_rng(7)
+    weights = rng.choice(np.array([-128, 127], np.int8), (64, 64, 3, 3))
+    src = np.full((1, 64, 28, 28), 255, np.uint8)
+    src[0, :, ::3] = rng.integers(0, 256, (64, 10, 28))
+    conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, route=route, threads=2)  # parallel loops
+    assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 128, pads=[1, 1, 1, 1]))
+
+
+def test_runs_again_on_another_shape_and_keeps_the_first():
+    weights = np.arange(-60, 60, dtype=np.int8).reshape(4, 3, 10)
+    conv = lpt.native.Conv(weights, strides=(2,), pads=(3, 1), src_zero_point=5, threads=1)
+    for length in (12, 31, 12):
+        src = np.arange(3 * length, dtype=np.uint8).reshape(1, 3, length)
+        assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 5, strides=[2], pads=[3, 1]))
+    assert conv.implementation  # the oneDNN kernel's name, e.g. jit_uni_int8:avx2

@@ -1,0 +1,74 @@
+"""lpt.native.MatMul against lpt's NumPy oracle: int32 accumulators and the output stage, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lpt.native
+from lpt.kernels import Clip, Relu
+from lpt.kernels.output_stage import output_stage
+from lpt.kernels.reference import matmul_reference
+
+ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
+
+
+@st.composite
+def matmul_cases(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    leading = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    k, n = draw(st.integers(1, 300)), draw(st.integers(1, 40))
+    src_dtype = draw(st.sampled_from([np.uint8, np.int8]))
+    info = np.iinfo(src_dtype)
+    extremes = draw(st.sampled_from(["random", "random", "extremes"]))
+    if extremes == "extremes":
+        src = np.full(leading + (k,), info.max, src_dtype)
+        weights = rng.choice(np.array([-128, 127], np.int8), (k, n))
+    else:
+        src = rng.integers(info.min, int(info.max) + 1, leading + (k,)).astype(src_dtype)
+        weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    zero_point = draw(st.sampled_from([0, int(info.min), int(info.max), int(rng.integers(info.min, info.max + 1))]))
+    return src, weights, zero_point, rng
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@given(case=matmul_cases())
+@settings(max_examples=60, deadline=None)
+def test_accumulators_equal_the_reference(route, case):
+    src, weights, zero_point, _ = case
+    matmul = lpt.native.MatMul(weights, src_zero_point=zero_point, route=route, threads=1)
+    assert np.array_equal(matmul.accumulate(src), matmul_reference(src, zero_point, weights, 0))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@given(case=matmul_cases(), per_column=st.booleans(), bias=st.booleans(),
+       destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7)]), max_size=2))
+@settings(max_examples=30, deadline=None)
+def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bias, destination, post_ops):
+    src, weights, zero_point, rng = case
+    columns = weights.shape[1]
+    multiplier = rng.uniform(1e-4, 1e-2, columns if per_column else 1).astype(np.float32)
+    bias = rng.normal(0, 1, columns).astype(np.float32) if bias else None
+    dst_scale, dst_zero_point, dst_dtype = destination
+    matmul = lpt.native.MatMul(weights, src_zero_point=zero_point, multiplier=multiplier, bias=bias,
+                               post_ops=tuple(post_ops), dst_scale=dst_scale, dst_zero_point=dst_zero_point,
+                               dst_dtype=dst_dtype, route=route, threads=1)
+    info = np.iinfo(dst_dtype) if dst_dtype else np.iinfo(np.uint8)
+    acc = matmul_reference(src, zero_point, weights, 0).astype(np.int32)
+    expected = output_stage(acc, multiplier, bias, tuple(post_ops),
+                            None if dst_scale is None else np.float32(dst_scale), np.int32(dst_zero_point),
+                            int(info.min), int(info.max), axis=-1)
+    got = matmul(src)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+
+
+def test_a_long_reduction_at_the_extremes():
+    k = 5000
+    weights = np.tile(np.array([[127, -128, 1]], np.int8), (k, 1))
+    src = np.full((3, k), 255, np.uint8)
+    matmul = lpt.native.MatMul(weights, threads=2)
+    assert np.array_equal(matmul.accumulate(src), matmul_reference(src, 0, weights, 0))

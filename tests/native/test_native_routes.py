@@ -1,0 +1,88 @@
+"""The probe, LPT_ONEDNN, the reasons the engine refuses a step, and the build without it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lpt.native
+from lpt.kernels import Relu, Sigmoid
+from lpt.native import routes
+
+
+def test_the_split_route_is_exact_everywhere_and_the_probe_picks_an_exact_route():
+    assert "split" in lpt.native.exact_routes()
+    assert lpt.native.route() in lpt.native.exact_routes() or os.environ.get("LPT_ONEDNN", "").lower() == "off"
+
+
+def test_the_probe_catches_a_saturating_kernel(monkeypatch):
+    """On a CPU without VNNI, u8s8 is the route the probe must reject; where it is exact, split must agree with it."""
+    saturating = "u8s8" not in lpt.native.exact_routes()
+    weights = np.full((4, 256, 1, 1), 127, np.int8)
+    acc = lpt.native.Conv(weights, route="u8s8", threads=1).accumulate(np.full((1, 256, 2, 2), 255, np.uint8))
+    assert np.all(acc == 255 * 127 * 256) != saturating
+
+
+@pytest.mark.parametrize("value, expected", [
+    pytest.param("split", "split", id="split"),
+    pytest.param("off", None, id="off"),
+    pytest.param("auto", "first-exact", id="auto"),
+    pytest.param("nonsense", "first-exact", id="unknown-value"),
+    pytest.param("u8s8", "u8s8-where-exact", id="u8s8"),
+])
+def test_the_environment_variable_forces_a_route(monkeypatch, caplog, value, expected):
+    monkeypatch.setenv("LPT_ONEDNN", value)
+    first_exact = lpt.native.exact_routes()[0]
+    with caplog.at_level(logging.WARNING, logger="lpt.native.routes"):
+        chosen = routes.route.__wrapped__()  # past the once-per-process cache
+    if expected == "first-exact":
+        assert chosen == first_exact
+    elif expected == "u8s8-where-exact":
+        exact = "u8s8" in lpt.native.exact_routes()
+        assert chosen == ("u8s8" if exact else first_exact)
+        assert ("not exact on this CPU" in caplog.text) != exact
+    else:
+        assert chosen == expected
+    assert ("is not one of" in caplog.text) == (value == "nonsense")
+
+
+@pytest.mark.parametrize("make, reason", [
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), weight_zero_point=3), "weight zero point",
+                 id="weight-zero-point"),
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.uint8)), "uint8 weights", id="uint8-weights"),
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), post_ops=(Relu(), Sigmoid())),
+                 "post-op Sigmoid", id="sigmoid"),
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), dst_scale=np.array([0.1, 0.2])),
+                 "per-channel destination", id="per-channel-destination"),
+    pytest.param(lambda: lpt.native.MatMul(np.ones((70000, 2), np.int8)), "overflow int32", id="long-reduction"),
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 1, 1, 1, 1), np.int8)), "4 spatial axes", id="4-d"),
+])
+def test_what_stays_on_lpts_path_is_refused_with_a_reason(make, reason):
+    with pytest.raises(lpt.native.Unsupported, match=reason):
+        make()
+
+
+def test_bad_arguments_are_errors_not_refusals():
+    with pytest.raises(ValueError, match="3 groups"):
+        lpt.native.Conv(np.ones((4, 2, 3, 3), np.int8), groups=3)
+    conv = lpt.native.Conv(np.ones((4, 2, 3, 3), np.int8), src_zero_point=200)
+    with pytest.raises(ValueError, match="outside int8"):
+        conv(np.zeros((1, 2, 5, 5), np.int8))
+    with pytest.raises(ValueError, match="2 input channels"):
+        conv(np.zeros((1, 3, 5, 5), np.uint8))
+
+
+def test_off_turns_the_engine_off_and_says_so():
+    code = ("import lpt.native as n, numpy as np\n"
+            "print(n.available(), n.route(), n.unavailable_reason())\n"
+            "try:\n    n.Conv(np.ones((1, 1, 1, 1), np.int8))\n"
+            "except n.Unsupported as refusal:\n    print(refusal)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "LPT_ONEDNN": "off"})
+    assert result.stdout.splitlines() == ["False None LPT_ONEDNN=off",
+                                          "the native engine is not available: LPT_ONEDNN=off"]
