@@ -12,8 +12,9 @@ import click
 
 import lpt
 from cli.calibrate import batch_axis_option
+from lpt.calibration import Estimator
 from cli.shared import Table, at_least, bounded_threads, console, say
-from lpt import paths
+from lpt import limits, paths
 from lpt.calibration.data import parse_batch_axes
 from lpt.errors import shown
 
@@ -22,13 +23,16 @@ def _one_line_errors(command):
     """Turn lpt's errors (and anything unexpected) into one line on stderr and exit code 1.
 
     The command runs with a lpt.paths.Files watching what it reads, passed as `files`: it declares
-    its inputs and outputs there before the work, and no write replaces a file it reads."""
+    its inputs and outputs there before the work, and no write replaces a file it reads. Its
+    --max-memory (added to every command by _add_max_memory) is the lpt.limits budget it runs under."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = click.get_current_context().find_root().params.get("debug")
+        max_memory = kwargs.pop("max_memory", None)
         try:
-            with paths.watching() as files:
+            budget = limits.parse_size(max_memory) if max_memory is not None else None
+            with paths.watching() as files, limits.memory_budget(budget):
                 return command(*args, files=files, **kwargs)
         except lpt.LptError as err:
             click.echo(f"error: {_one_line(err)}", err=True)
@@ -68,6 +72,11 @@ def main(debug: bool) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(_EscapedFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
+    if not debug:
+        import onnxruntime
+
+        # onnxruntime logs its failures to stderr on its own, in colour, before lpt reports them in one line
+        onnxruntime.set_default_logger_severity(4)
 
 
 @main.command()
@@ -249,6 +258,19 @@ def _print_check(check) -> None:
     console.print(outputs)
     for note in check.export_notes:
         say(f"  export: {note}")
+    _say_engines(check)
+
+
+def _say_engines(check) -> None:
+    """Which engine computed the int8 layers, and how far the native one is from lpt's reference kernels."""
+    from lpt import native
+
+    engines = ", ".join(f"{n} on {engine}" for engine, n in check.engines.items()) or "none"
+    say(f"int8 layers: {engines}" + ("" if native.available() else f" (native engine: {native.unavailable_reason()})"))
+    if check.engine is not None:
+        e = check.engine
+        say(f"  native engine vs lpt's NumPy/MLAS kernels: max {e.max_lsb} LSB over {e.tensors} integer tensors "
+            f"({_share(e.share_exact)} exactly equal)")
 
 
 @main.command()
@@ -284,8 +306,9 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
               help="Write PREFIX.fq.onnx and PREFIX.int8.onnx. Default: beside MODEL, named after it.")
 @click.option("--preset", type=click.Choice(["performance", "mixed"]), help="Activation scheme (default: the "
               "calibration default, see README).")
-@click.option("--estimator", type=click.Choice(["minmax", "mean_minmax", "percentile", "mse", "kl"]),
-              help="Range estimator for activations.")
+@click.option("--estimator", type=click.Choice([e.value for e in Estimator]),
+              help="Range estimator for activations (auto: per tensor, the candidate with the least error "
+                   "at the output of the layers reading it; a second pass over the data).")
 @click.option("--subset-size", default=300, show_default=True, help="Samples used to calibrate and to check.")
 @click.option("--ignore", multiple=True, help="Leave in f32: a node name, re:REGEX, or an op type. Repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
@@ -333,7 +356,7 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
     finally:
         if status is not None:
             status.stop()
-    fq_path, int8_path = result.save(prefix, overwrite=force)
+    fq_path, int8_path = result.save(prefix, overwrite=force)  # both checked before either is written
     if json_path is not None:
         lpt.model_io.write_bytes(json.dumps(result.report.to_dict(), indent=2).encode(), json_path, overwrite=force)
     _print_quantize_report(result.report)
@@ -361,6 +384,7 @@ def _print_quantize_report(report) -> None:
                   f"tensors ({_share(check.share_exact)} exactly equal), max {check.max_local_lsb} LSB per layer alone")
     for o in check.outputs:
         say(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}" + (f" ({o.note})" if o.note else ""))
+    _say_engines(check)
     agreement = report.agreement
     reference = "fp32" if report.calibration is not None else "the FQ model"
     for name, a in agreement.outputs.items():
@@ -515,6 +539,18 @@ def _register_calibrate() -> None:
 
 
 _register_calibrate()
+
+
+def _add_max_memory() -> None:
+    """--max-memory on every command: each reads a model, and a model's shapes can ask for any size."""
+    for command in main.commands.values():
+        command.params.append(click.Option(
+            ["--max-memory"], metavar="SIZE",
+            help="Refuse a model whose shapes ask for a tensor larger than SIZE, before allocating it (e.g. "
+                 "4GB; binary units). Default: 2GB, or half this machine's memory if less."))
+
+
+_add_max_memory()
 
 if __name__ == "__main__":
     main()

@@ -7,12 +7,11 @@ say), so a file cannot write to the terminal.
 
 from __future__ import annotations
 
-import os
-
 import click
 import rich.table
 from rich.console import Console
 
+from lpt import limits
 from lpt.errors import LptError, shown
 
 console = Console(markup=False, highlight=False)  # node names may hold [brackets]
@@ -40,18 +39,11 @@ def at_least(option: str, value: int, minimum: int) -> int:
     return value
 
 
-def machine_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def bounded_threads(option: str, value: int, minimum: int) -> int:
     """A thread count of at least `minimum` and at most the cores this process may run on: more is
     clamped, with a warning (a hundred thousand threads exhaust the machine and crash onnxruntime)."""
     at_least(option, value, minimum)
-    cores = machine_cores()
+    cores = limits.cores()
     if value > cores:
         click.echo(f"warning: {option} {value} is more than the {cores} cores this machine gives lpt; using {cores}",
                    err=True)

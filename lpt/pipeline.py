@@ -95,13 +95,16 @@ class QuantizeResult:
 
     def save(self, prefix: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
         """PREFIX.fq.onnx (portable QDQ) and PREFIX.int8.onnx (lpt's int8 graph), atomically."""
-        from lpt import save
+        from lpt.export.portable import to_portable
+        from lpt.model_io import write_models
 
         fq_path, int8_path = Path(f"{prefix}.fq.onnx"), Path(f"{prefix}.int8.onnx")
         for path in (fq_path, int8_path):  # check both before writing either
             if path.exists() and not overwrite:
                 raise ModelError(f"{path}: already exists (pass --force / overwrite=True to replace it)")
-        return save(self.fq_model, fq_path, overwrite=overwrite), save(self.int8_model, int8_path, overwrite=overwrite)
+        written = write_models([(to_portable(self.fq_model), fq_path), (to_portable(self.int8_model), int8_path)],
+                               overwrite=overwrite)  # both pass the checker before either is written
+        return written[0], written[1]
 
 
 def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | None = None,

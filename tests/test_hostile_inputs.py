@@ -2,7 +2,8 @@
 machine, and every refusal is one line naming what is at fault, with exit code 1 and no output left.
 
 One section per class of issue #14: (1) outputs that name an input, (2) memory and time bombs,
-(4) counts that do not match, (5) errors lpt can check before the work, (6) terminal injection.
+(3) outputs that are not valid ONNX, (4) counts that do not match, (5) errors lpt can check before
+the work, (6) terminal injection.
 Bombs run in a subprocess limited to 2 GB of address space and 60 s, so a regression fails the
 test instead of taking the machine down.
 """
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import resource
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -79,6 +82,21 @@ def external_model(path: Path, location: str, *, length: int | None = None, dims
     return path
 
 
+def graph_model(path: Path, nodes, initializers=(), *, x=(1, 4), x_type=TensorProto.FLOAT, y_shape=(1, 4)) -> Path:
+    """A model of `nodes` from input x (float [1, 4] by default) to output y, with x.npz beside it (3 samples)."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, list(x))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))], list(initializers))
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    path.write_bytes(proto.SerializeToString())
+    np.savez(path.with_suffix(".npz"), x=np.ones((3, *x[1:]), helper.tensor_dtype_to_np_dtype(x_type)))
+    return path
+
+
+def int64s(name: str, values) -> TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
 def snapshot(root: Path) -> dict[str, object]:
     """Every entry under `root`: a file's sha256 (size and mtime for a large sparse one), a link's target."""
     found = {}
@@ -134,6 +152,7 @@ def limited_refusal(folder: Path, *args, **kwargs) -> str:
     run = limited(*args, cwd=folder, **kwargs)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (run.returncode, run.stderr)
+    assert "rerun with --debug" not in lines[0]
     assert snapshot(folder) == before
     return lines[0][len("error: "):]
 
@@ -285,6 +304,168 @@ def test_thread_counts_are_capped_by_the_machine(folder):
     assert run.stdout.startswith("20 samples")
 
 
+def bomb(op: str) -> list:
+    """The nodes and constants of a shape bomb: `op` makes 'big' (float, 100000 × 100000 elements, 37.3 GiB
+    from 16 bytes of shape), reduced to y [1, 4]."""
+    shape = int64s("s", [100000, 100000])
+    make = {"ConstantOfShape": helper.make_node("ConstantOfShape", ["s"], ["big"], name="bomb",
+                                                value=numpy_helper.from_array(np.ones(1, np.float32))),
+            "Expand": helper.make_node("Expand", ["x", "s"], ["big"], name="bomb"),
+            "Tile": helper.make_node("Tile", ["x", "s"], ["big"], name="bomb")}[op]
+    if op == "Expand":
+        shape = int64s("s", [100000, 1, 100000])
+    return [make, helper.make_node("ReduceMax", ["big"], ["r"], name="max", keepdims=0),
+            helper.make_node("Add", ["x", "r"], ["y"], name="add")], [shape]
+
+
+def default_budget() -> str:
+    from lpt import limits
+    from lpt.errors import size_text
+
+    return size_text(limits.default_max_memory())
+
+
+@pytest.mark.parametrize("op, shape", [
+    pytest.param("ConstantOfShape", "[100000, 100000]", id="constant-of-shape"),
+    pytest.param("Expand", "[100000, 1, 100000]", id="expand"),
+    pytest.param("Tile", "[100000, 400000]", id="tile"),
+])
+def test_shape_constants_asking_for_gigabytes_are_refused_at_load(folder, op, shape):
+    nodes, constants = bomb(op)
+    graph_model(folder / "bomb.onnx", nodes, constants, x=(1, 1) if op == "Expand" else (1, 4))
+    size = "149.0 GiB" if op == "Tile" else "37.3 GiB"
+    assert limited_refusal(folder, "run", "bomb.onnx", "--data", "bomb.npz") == (
+        f"bomb.onnx: node 'bomb' ({op}) makes 'big', float32 {shape}: {size}, more than the memory budget of "
+        f"{default_budget()} (--max-memory raises it)")
+
+
+def test_max_memory_raises_the_budget_and_onnxruntime_failing_to_allocate_is_one_line(folder):
+    constant = helper.make_node("ConstantOfShape", ["s"], ["big"], name="bomb",
+                                value=numpy_helper.from_array(np.ones(1, np.float32)))
+    graph_model(folder / "bomb.onnx", [constant, helper.make_node("ReduceMax", ["big"], ["r"], name="max", keepdims=0),
+                                       helper.make_node("Add", ["x", "r"], ["y"], name="add")],
+                [int64s("s", [3 << 28])])  # 3 GiB
+    assert limited_refusal(folder, "run", "bomb.onnx", "--data", "bomb.npz") == (
+        f"bomb.onnx: node 'bomb' (ConstantOfShape) makes 'big', float32 [805306368]: 3.0 GiB, more than the memory "
+        f"budget of {default_budget()} (--max-memory raises it)")
+    # past the budget, the 2 GB address-space limit stands for a machine without the memory
+    assert limited_refusal(folder, "run", "bomb.onnx", "--data", "bomb.npz", "--max-memory", "4GB") == (
+        "node 'bomb' (ConstantOfShape): onnxruntime could not allocate 3.0 GiB for it")
+    assert refused(folder, "run", "bomb.onnx", "--max-memory", "4 gigs") == (
+        "--max-memory '4 gigs': not a size; give bytes or a number with KB, MB, GB or TB (e.g. 4GB)")
+
+
+def test_a_graph_of_100k_nodes_is_refused_in_seconds(folder):
+    nodes = [helper.make_node("Identity", [f"v{i}" if i else "x"], [f"v{i + 1}" if i < 99_999 else "y"],
+                              name=f"n{i}") for i in range(100_000)]
+    graph_model(folder / "long.onnx", nodes)
+    start = time.perf_counter()
+    assert limited_refusal(folder, "run", "long.onnx", "--data", "long.npz") == (
+        f"long.onnx: 100000 nodes; lpt holds about 32 KiB per node as it works (3.1 GiB), more than the memory "
+        f"budget of {default_budget()} (--max-memory raises it)")
+    assert time.perf_counter() - start < 20  # running it took 45 s and 1.1 GB
+
+
+def test_ten_thousand_subgraphs_are_refused_before_shape_inference(folder):
+    """onnx's shape inference is quadratic in subgraphs: 40k took 80 s before lpt looked at anything."""
+    def branch(name: str, i: int) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Identity", ["x"], [f"{name}{i}"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}{i}", TensorProto.FLOAT, [1, 4])])
+
+    ifs = [helper.make_node("If", ["c"], [f"v{i}"], name=f"if{i}", then_branch=branch("then", i),
+                            else_branch=branch("else", i)) for i in range(5001)]
+    condition = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "s"], ["c"])]
+    graph_model(folder / "ifs.onnx", [*condition, *ifs, helper.make_node("Identity", ["v0"], ["y"])])
+    assert refused(folder, "inspect", "ifs.onnx") == (
+        "ifs.onnx: 10002 subgraphs (If, Loop and Scan bodies), more than the 10000 lpt takes: the time to infer "
+        "their shapes grows with their square")
+
+
+def test_a_region_onnxruntime_refuses_is_split_in_halves_not_into_one_session_per_node(folder, monkeypatch):
+    """onnxruntime has no Erf for doubles: only Erf runs alone (ONNX's reference evaluator), every
+    other node in a session of many; one session per node (each with its own threads) exhausted
+    the machine on a 100k-node graph."""
+    import lpt
+    from lpt.backend import fallback
+
+    adds = 256
+    nodes = [helper.make_node("Cast", ["x"], ["d0"], to=TensorProto.DOUBLE, name="to_double")]
+    for i in range(2 * adds):
+        nodes.append(helper.make_node("Add", [f"d{i}", "c"], [f"d{i + 1}"], name=f"add{i}"))
+        if i == adds - 1:
+            nodes.append(helper.make_node("Erf", [f"d{i + 1}"], ["e"], name="erf"))
+            nodes[-2].output[0] = "a"
+            nodes[-1].input[0] = "a"
+            nodes[-1].output[0] = f"d{i + 1}"
+    nodes.append(helper.make_node("Cast", [f"d{2 * adds}"], ["y"], to=TensorProto.FLOAT, name="to_float"))
+    graph_model(folder / "erf.onnx", nodes, [numpy_helper.from_array(np.full(4, 1e-3), "c")])
+    sessions = []
+    session = fallback._session
+    monkeypatch.setattr(fallback, "_session", lambda *args: sessions.append(1) or session(*args))
+    result = lpt.run(folder / "erf.onnx", folder / "erf.npz")
+    expected = np.float32(math.erf(1 + adds * 1e-3) + adds * 1e-3)
+    np.testing.assert_allclose(result.outputs["y"], np.full((3, 4), expected), rtol=1e-6)
+    assert len(nodes) == 2 * adds + 3 and len(sessions) <= 2 * math.ceil(math.log2(len(nodes))) + 1
+
+
+def test_fallback_sessions_take_at_most_one_thread_per_core(folder):
+    from lpt import limits
+    from lpt.backend import fallback
+
+    session = fallback._session(matmul_model(), 100_000)
+    assert session.get_session_options().intra_op_num_threads == limits.cores()
+
+
+# -- 3. every model lpt writes passes onnx.checker with full shape inference, or nothing is written
+
+
+def test_a_conv_whose_weight_has_the_wrong_rank_is_refused_at_load(folder):
+    """onnx's shape inference trusts kernel_shape and onnxruntime fails only when the Conv runs, so
+    transform and export, which run nothing, wrote the model as it was."""
+    proto = onnx.load(folder / "m.onnx")
+    weight = next(t for t in proto.graph.initializer if t.name == "conv1.weight")
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).reshape(8, 1, 9), "conv1.weight"))
+    (folder / "bad.onnx").write_bytes(proto.SerializeToString())
+    message = ("bad.onnx: node '/conv1/Conv' (Conv): weight 'conv1.weight' is [8, 1, 9] (rank 3), but input 'input' "
+               "has rank 4; the weight has its input's rank")
+    for args in (["transform", "bad.onnx", "-o", "out.onnx"], ["export", "bad.onnx", "-o", "out.onnx"],
+                 ["calibrate", "bad.onnx", "--data", "d.npz", "-o", "out.onnx"]):
+        assert refused(folder, *args) == message
+
+
+def test_a_model_that_fails_the_checker_is_not_written(folder):
+    """A Transpose whose perm does not fit its input: onnx.checker's plain check passes it, full shape
+    inference does not."""
+    graph_model(folder / "perm.onnx", [helper.make_node("Transpose", ["x"], ["t"], name="bad", perm=[1, 0, 2]),
+                                       helper.make_node("Relu", ["t"], ["y"], name="relu")])
+    why = ("[ShapeInferenceError] Inference error(s): (op_type:Transpose, node name: bad): [TypeInferenceError] "
+           "Invalid attribute perm {1, 0, 2}, input shape = {1, 4}")
+    for command in ("normalize", "export"):
+        assert refused(folder, command, "perm.onnx", "-o", "out.onnx") == (
+            f"out.onnx: not written, the model fails onnx.checker: {why}")
+
+
+def test_two_models_are_both_written_or_neither(folder):
+    import lpt
+
+    valid, invalid = matmul_model(), matmul_model()
+    invalid.graph.node[0].op_type = "Conv"  # a [4, 4] weight for a [1, 4] input
+    with pytest.raises(lpt.ModelError, match=r"^b.onnx: not written, the model fails onnx.checker: "):
+        lpt.model_io.write_models([(valid, "a.onnx"), (invalid, "b.onnx")])
+    assert not (folder / "a.onnx").exists() and not (folder / "b.onnx").exists()
+
+
+def test_shape_hints_that_contradict_the_inference_are_dropped_not_refused(folder):
+    import lpt
+
+    proto = matmul_model()
+    proto.graph.value_info.append(helper.make_tensor_value_info("stale", TensorProto.FLOAT, [7]))
+    proto.graph.node.append(helper.make_node("Identity", ["y"], ["stale"], name="copy"))
+    lpt.model_io.write_model(proto, "hinted.onnx")
+    written = onnx.load(folder / "hinted.onnx")
+    assert not written.graph.value_info and [n.name for n in written.graph.node] == ["mm", "copy"]
+
+
 # -- 4. counts that do not match are errors that say both numbers
 
 
@@ -337,6 +518,14 @@ def test_outputs_are_checked_before_the_work(folder):
     assert refused(folder, "export", "q.onnx", "-o", "nowhere/q.onnx") == "-o nowhere/q.onnx: no such folder nowhere"
     assert refused(folder, "quantize", "m.onnx", "--data", "d.npz", "--json", "samples") == (
         "--json samples: is a folder; give a file path")
+
+
+def test_a_node_onnxruntime_fails_to_run_is_named_in_one_line(folder):
+    nodes, constants = bomb("Tile")
+    graph_model(folder / "bomb.onnx", nodes, constants)
+    assert limited_refusal(folder, "run", "bomb.onnx", "--data", "bomb.npz", "--max-memory", "1TB") == (
+        "node 'bomb' (Tile): onnxruntime failed: Tile output tensor would require more than 4294967296 bytes, which "
+        "exceeds the supported maximum of 4294967296 bytes.")
 
 
 def test_a_name_at_the_file_systems_limit_is_written(folder):

@@ -7,13 +7,16 @@ initializers, and declares only the element types of its inputs: onnxruntime inf
 type and shape itself, so a value the model left untyped costs nothing. An input whose type the
 graph does not say is typed from the first array it receives.
 
-Where onnxruntime refuses the region (an op it has no kernel for at that type), each node runs
-alone, on onnxruntime or, failing that, on ONNX's reference evaluator.
+Where onnxruntime refuses the region (an op it has no kernel for at that type), the region is
+split in halves, each run as one session or split again, until the nodes it refuses run alone, on
+ONNX's reference evaluator: a few sessions for a 100k-node region, not one per node (each holds
+threads). A node that fails as it runs is a ModelError naming it, with onnxruntime's reason.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import onnx
@@ -22,7 +25,8 @@ import onnxruntime as ort
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from lpt.errors import ModelError
+from lpt import limits
+from lpt.errors import ModelError, size_text
 from lpt.reference import CUSTOM_OPS
 
 logger = logging.getLogger(__name__)
@@ -82,8 +86,7 @@ class RegionRunner:
         proto = self._model(self.nodes, dtypes, self.output_names)
         try:
             session = _session(proto, self.threads)
-            self._run = lambda feeds: session.run(self.output_names, feeds)
-        except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: go node by node
+        except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: split the region
             if len(self.nodes) == 1:
                 node, why = self.nodes[0], " ".join(str(err).split()) or type(err).__name__
                 logger.info("onnxruntime cannot run %s (%s): ONNX's reference evaluator runs it", node.name, why)
@@ -96,13 +99,27 @@ class RegionRunner:
                 self.backend = "onnx reference"
                 self._run = lambda feeds: evaluator.run(self.output_names, feeds)
             else:
-                self._build_node_by_node(dict(zip(self.input_names, dtypes)))
+                self._build_halves()
+            return
 
-    def _build_node_by_node(self, dtypes: dict[str, ir.DataType]) -> None:
-        """One runner per node, for a region onnxruntime refuses as a whole."""
-        everything = {v.name for n in self.nodes for v in n.outputs} | set(self.output_names)
-        runners = [RegionRunner([n], self.opsets, self._constants, everything, self.threads) for n in self.nodes]
-        self.backend = " + ".join(sorted({r.backend for r in runners}))
+        def run(feeds):
+            try:
+                return session.run(self.output_names, feeds)
+            except Exception as err:
+                if not type(err).__module__.startswith("onnxruntime"):
+                    raise
+                raise ModelError(_failure(err, self.nodes)) from None
+
+        self._run = run
+
+    def _build_halves(self) -> None:
+        """Two runners, one per half of a region onnxruntime refuses as a whole (each may split again)."""
+        first, second = self.nodes[: len(self.nodes) // 2], self.nodes[len(self.nodes) // 2:]
+        needed = set(self.output_names)
+        runners = [RegionRunner(first, self.opsets, self._constants, needed | {v.name for v in region_inputs(second)},
+                                self.threads),
+                   RegionRunner(second, self.opsets, self._constants, needed, self.threads)]
+        self.backend = " + ".join(sorted({b for r in runners for b in r.backend.split(" + ")}))
 
         def run(feeds):
             env = dict(feeds)
@@ -124,9 +141,24 @@ class RegionRunner:
         return proto
 
 
+def _failure(err: Exception, nodes: list[ir.Node]) -> str:
+    """onnxruntime's error as one line naming the node (its messages hold C++ file names and signatures)."""
+    text = " ".join(str(err).split())
+    match = re.search(r"Name:'(.*?)' Status Message: (.*)", text)
+    name, why = (match[1], match[2]) if match else (nodes[0].name if len(nodes) == 1 else None, text)
+    op = next((n.op_type for n in nodes if n.name == name), None)
+    where = f"node {name!r}" + (f" ({op})" if op else "") if name is not None else f"a region of {len(nodes)} nodes"
+    allocation = re.search(r"Failed to allocate memory for requested buffer of size (\d+)", why)
+    if allocation:
+        return f"{where}: onnxruntime could not allocate {size_text(int(allocation[1]))} for it"
+    why = re.sub(r"^\S+\.(cc|h):\d+ .*?\) ", "", why)  # "/onnxruntime_src/...cc:360 void* f(args) "
+    return f"{where}: onnxruntime failed: {why[:300]}"
+
+
 def _session(proto: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    # more threads than cores gain nothing, and many thousands exhaust the machine
+    options.intra_op_num_threads = min(threads, limits.cores())
     options.inter_op_num_threads = 1
     # Idle onnxruntime threads spin by default, and would steal the cores the int8
     # kernels' threads run on between two fallback regions.
