@@ -152,12 +152,16 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
 enum class Kind { conv, matmul };
 enum class Route { u8s8, split };
 
+constexpr size_t MAX_PREPARED_SHAPES = 4;  // per operation; more are prepared again when met
+constexpr size_t KEEP_SCRATCH_BYTES = 8u << 20;  // per run; larger scratch is freed after the run
+
 struct Prepared {  // one source shape
     primitive prim;
     memory src, dst_hi, dst_lo, zero_point;
     memory weights_hi, weights_lo;  // reordered once; on the u8s8 route weights_hi holds w itself
     std::vector<uint8_t> src_scratch;
-    std::vector<int32_t> acc_hi, acc_lo;
+    std::vector<int32_t> acc_hi, acc_lo;  // sized at each run, released after it when large
+    size_t accumulators = 0;
     bool has_zero_point = false;
     std::string impl;
 };
@@ -201,6 +205,9 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) 
     key.push_back(signed_src);
     auto found = op.prepared.find(key);
     if (found != op.prepared.end()) return *found->second;
+    // Each shape holds a primitive and its own reordered weights: calibration meets many batch
+    // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
+    if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
 
     auto p = std::make_unique<Prepared>();
     const int zero_point = op.src_zero_point + (signed_src ? 128 : 0);
@@ -248,9 +255,7 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) 
     } else {
         p->weights_hi = reordered(op.weights, user, weights_desc);
     }
-    const size_t accumulators = p->dst_hi.get_desc().get_size() / sizeof(int32_t);
-    p->acc_hi.resize(accumulators);
-    if (op.route == Route::split) p->acc_lo.resize(accumulators);
+    p->accumulators = p->dst_hi.get_desc().get_size() / sizeof(int32_t);
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
     *static_cast<int32_t *>(p->zero_point.get_data_handle()) = zero_point;
     op.last_impl = p->impl;
@@ -545,7 +550,9 @@ PyObject *py_run(PyObject *, PyObject *args) {
         for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
         const uint8_t *data = static_cast<const uint8_t *>(v.buf);
         const size_t src_bytes = p.src.get_desc().get_size();
-        const size_t out_items = p.acc_hi.size();
+        const size_t out_items = p.accumulators;
+        p.acc_hi.resize(out_items);
+        if (op->route == Route::split) p.acc_lo.resize(out_items);
         if ((size_t)out.view.len != out_items * out.view.itemsize)
             throw std::invalid_argument("out does not have the output's size");
         // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
@@ -589,6 +596,12 @@ PyObject *py_run(PyObject *, PyObject *args) {
                                           channels_first, out.view.buf, op->threads); break;
             case Dst::s8: finish<int8_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
                                          channels_first, out.view.buf, op->threads); break;
+        }
+        if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
+            // a large batch's scratch would stay allocated in every layer: give it back
+            std::vector<int32_t>().swap(p.acc_hi);
+            std::vector<int32_t>().swap(p.acc_lo);
+            std::vector<uint8_t>().swap(p.src_scratch);
         }
     } catch (const dnnl::error &e) {
         error = std::string("oneDNN: ") + e.what();

@@ -24,6 +24,7 @@ from lpt.kernels.window import Window
 from lpt.native import routes
 from lpt.native._library import engine, reason
 
+SCRATCH_BYTES = 64 << 20  # a convolution runs on at most this much scratch at once (Conv._run)
 _DESTINATIONS = {np.dtype(np.float32): "f32", np.dtype(np.uint8): "u8", np.dtype(np.int8): "s8"}
 
 
@@ -146,11 +147,16 @@ class Conv(_Operation):
         dtype = self.dst_dtype if dtype is None else dtype
         if channels_last:
             out = np.empty((src.shape[0],) + out_spatial + (self.out_channels,), dtype)
-            engine.run(self._operation, src, out, dtype == np.int32, True)
-            return np.moveaxis(out, -1, 1)
-        out = np.empty((src.shape[0], self.out_channels) + out_spatial, dtype)
-        engine.run(self._operation, src, out, dtype == np.int32, False)
-        return out
+        else:
+            out = np.empty((src.shape[0], self.out_channels) + out_spatial, dtype)
+        # The engine's scratch (int32 accumulators, twice on the split route, and the source in its
+        # layout) grows with the batch: run it a few images at a time, as the MLAS route does.
+        per_image = src[:1].nbytes + 8 * int(np.prod(out_spatial)) * self.out_channels
+        images = max(1, SCRATCH_BYTES // max(per_image, 1))
+        for start in range(0, src.shape[0], images):
+            engine.run(self._operation, src[start:start + images], out[start:start + images], dtype == np.int32,
+                       channels_last)
+        return np.moveaxis(out, -1, 1) if channels_last else out
 
 
 class MatMul(_Operation):
