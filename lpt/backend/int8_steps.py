@@ -34,7 +34,6 @@ from lpt.backend.chains import (INTEGER_TYPES, attribute, only_consumer, optiona
                                 read_int8_layer, read_quantization)
 from lpt.backend.step import Int8Layer, Step
 from lpt.graph.constants import const_array
-from lpt.kernels.int8_gemm import gemm_route
 from lpt.transformations.dequantization import Dequantization
 
 _POOLS = ("AveragePool", "GlobalAveragePool")
@@ -61,7 +60,7 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True) -> tuple
         layer = chain[0]
         run, engine = native_layer_function(layer, threads) if native else (None, "")
         if run is None:
-            run, engine = layer_function(layer, threads), kernels_engine(layer)
+            run, engine = layer_function(layer, threads)
         return None if run is None else _step(run, _runtime_inputs(node, layer), chain[1], layer=layer, engine=engine)
     if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
         return _quantize(node)
@@ -145,20 +144,14 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     return (lambda x: [operation(x)]), f"oneDNN ({operation.route})"
 
 
-def kernels_engine(layer: Int8Layer) -> str:
-    """What computes a layer on lpt's kernels: MLAS's integer GEMM (its route), or numpy."""
-    route = gemm_route()
-    on_mlas = route is not None and layer.weights is not None and (
-        layer.op == "matmul" or (layer.op == "conv" and layer.attribute("group", 1) == 1))
-    return f"MLAS ({route})" if on_mlas else "numpy"
-
-
 def layer_function(layer: Int8Layer, threads: int = 0):
-    """run(*runtime inputs) -> [output] for an Int8Layer, its weights packed and compensation precomputed now;
-    None where lpt's kernels do not take the layer."""
+    """(run(*runtime inputs) -> [output], engine) for an Int8Layer, its weights packed and compensation
+    precomputed now; (None, "") where lpt's kernels do not take the layer. The engine is MLAS's
+    integer GEMM (its route) where the packing put the product there, else numpy."""
     window = dict(groups=layer.attribute("group", 1), strides=layer.attribute("strides"),
                   dilations=layer.attribute("dilations"), pads=layer.attribute("pads"))
     src_zp, weight_zp = layer.src_zero_point, layer.weight_zero_point
+    packed = None
     if layer.op == "conv":
         packed = kernels.pack_conv(layer.weights, weight_zp, int(src_zp), **window, threads=threads,
                                    auto_pad=layer.attribute("auto_pad", "NOTSET"))
@@ -166,7 +159,7 @@ def layer_function(layer: Int8Layer, threads: int = 0):
         accumulate = partial(kernels.conv_accumulate, packed=packed, exact_float=layer.multiplier is not None)
     elif layer.op == "conv_transpose":
         if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
-            return None
+            return None, ""
         accumulate = partial(kernels.conv_transpose_accumulate, weights_q=layer.weights, src_zero_point=int(src_zp),
                              weight_zero_point=weight_zp, output_padding=layer.attribute("output_padding"), **window)
     elif layer.weights is not None:
@@ -175,8 +168,10 @@ def layer_function(layer: Int8Layer, threads: int = 0):
     else:
         def accumulate(a, b):
             return kernels.matmul_accumulate(a, src_zp, b, weight_zp)
+    gemm = packed.int8_gemm if packed is not None else None
+    engine = f"MLAS ({gemm.route})" if gemm is not None else "numpy"
     if layer.multiplier is None:
-        return lambda *arrays: [accumulate(*arrays)]
+        return (lambda *arrays: [accumulate(*arrays)]), engine
     destination = layer.destination
     fused = destination.output_stage_destination() if destination is not None else None  # one pass
 
@@ -185,7 +180,7 @@ def layer_function(layer: Int8Layer, threads: int = 0):
                                    axis=layer.channel_axis, **(fused or {}))
         return [destination.quantize(out, in_place=True) if destination is not None and not fused else out]
 
-    return run
+    return run, engine
 
 
 def _quantize(node: ir.Node):
