@@ -1,7 +1,8 @@
 """lpt's compiled parts (everything else is in pyproject.toml), both optional.
 
 - lpt/kernels/_elementwise.c: the one-pass output stage and joins.
-- lpt/native/_engine.cpp: int8 convolution and matmul on oneDNN 3.2 (lpt/native/__init__.py loads it).
+- lpt/native/_engine.cpp: int8 convolution and matmul on oneDNN 3.2 and lpt's own AVX2 kernel (s16.cpp);
+  lpt/native/__init__.py loads it.
 
 optional=True: without a compiler (or, for the engine, without oneDNN's headers) lpt still
 installs, and its NumPy/MLAS forms run instead. -ffp-contract=off keeps every multiply and add a
@@ -43,7 +44,7 @@ else:
     # At run time lpt/native/__init__.py loads the environment's libdnnl.so.3 before the extension; the
     # rpath finds it from a regular install (<prefix>/lib/python3.X/site-packages/lpt/native/).
     extensions.append(Extension(
-        "lpt.native._engine", ["lpt/native/_engine.cpp"], language="c++", optional=True,
+        "lpt.native._engine", ["lpt/native/_engine.cpp", "lpt/native/s16.cpp"], language="c++", optional=True,
         include_dirs=[str(prefix / "include")], library_dirs=[str(prefix / "lib")], libraries=[":libdnnl.so.3"],
         extra_compile_args=flags + ["-std=c++17", "-fopenmp", "-fvisibility=hidden"],
         extra_link_args=["-fopenmp", "-Wl,-rpath,$ORIGIN/../../../../../lib"]))

@@ -6,6 +6,7 @@ Every engine runs one whole int8 step where it can: u8 NCHW source (zero point 1
 after a ReLU), int8 weights, per-channel multiplier, bias, ReLU, u8 NCHW destination:
 - native u8s8:  lpt.native.Conv on the plain oneDNN primitive (exact only with VNNI/AMX: the table
                 says how many destination values agree with lpt's kernels where it is not);
+- native s16:   lpt.native.Conv on lpt's own AVX2 kernel (source widened to int16, vpmaddwd; exact);
 - native split: lpt.native.Conv with the weights split in two 7-bit halves (exact everywhere);
 - lpt kernels:  lpt.kernels.pack_conv once, then conv_accumulate (MLAS through onnxruntime) and
                 output_stage: lpt's current path;
@@ -68,8 +69,8 @@ def engines(layer, data, threads):
     window = dict(strides=(stride, stride), pads=(pad,) * 4)
     stage = dict(multiplier=multiplier, bias=bias, post_ops=(Relu(),), dst_scale=dst_scale, dst_zero_point=0)
     runs = {}
-    for route in ("u8s8", "split"):
-        if lpt.native.available():
+    for route in ("u8s8", "s16", "split"):
+        if lpt.native.available() and (route != "s16" or route in lpt.native.exact_routes()):
             conv = lpt.native.Conv(weights, src_zero_point=zero_point, threads=threads, route=route, **window,
                                    **stage, dst_dtype=np.uint8)
             runs[f"native {route}"] = lambda conv=conv: conv(src)
@@ -172,21 +173,23 @@ def main(argv=None) -> int:
                      "openvino_precision": extra})
     names = list(rows[0]["ms"])
     baseline = "OpenVINO" if "OpenVINO" in names else "ort u8u8 (acc)"
-    print("\n| layer | x | " + " | ".join(names) + f" | split / {baseline} | u8s8 same as lpt |")
+    taken = f"native {lpt.native.route()}"  # the exact route lpt takes on this CPU
+    print("\n| layer | x | " + " | ".join(names) + f" | {taken} / {baseline} | u8s8 same as lpt |")
     print("|---|---|" + "---|" * (len(names) + 2))
     for row in rows:
         ms = row["ms"]
         cells = [f"{ms[n]:.3f}" for n in names]
-        ratio = ms["native split"] / ms[baseline] if "native split" in ms else float("nan")
+        ratio = ms[taken] / ms[baseline] if taken in ms else float("nan")
         same = row["same_as_lpt"].get("native u8s8", float("nan"))
         print(f"| {row['layer']} | {row['count']} | " + " | ".join(cells) + f" | {ratio:.2f} | {same:.1%} |")
     print("| **ResNet-18 convs, weighted** | 20 | " + " | ".join(f"**{totals[n]:.2f}**" for n in names)
-          + f" | **{totals.get('native split', float('nan')) / totals[baseline]:.2f}** | |")
+          + f" | **{totals.get(taken, float('nan')) / totals[baseline]:.2f}** | |")
     print("\nratios of the weighted totals (engine / native split): "
           + ", ".join(f"{n} {totals[n] / totals['native split']:.2f}" for n in names if "native split" in totals))
-    split_same = [row["same_as_lpt"].get("native split") for row in rows]
+    for route in lpt.native.exact_routes():
+        same = [row["same_as_lpt"].get(f"native {route}") for row in rows]
+        print(f"native {route} == lpt kernels on every layer: {all(s == 1.0 for s in same)}")
     ov_same = [row["same_as_lpt"].get("OpenVINO") for row in rows if "OpenVINO" in row["same_as_lpt"]]
-    print(f"native split == lpt kernels on every layer: {all(s == 1.0 for s in split_same)}")
     if ov_same:
         print(f"OpenVINO's u8 outputs equal to lpt's: {min(ov_same):.1%} to {max(ov_same):.1%} per layer; "
               f"conv precision {rows[1]['openvino_precision']}")

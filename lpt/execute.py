@@ -16,6 +16,7 @@ from lpt.export.int8 import to_standard_int8
 from lpt.kernels.int8_gemm import onnxruntime_saturation_note
 from lpt.limits import bounded_threads
 from lpt.model_io import clone
+from lpt import native
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def engine_agreement(int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarr
     """Every integer tensor of `plan` against the same graph compiled on lpt's kernels alone, in LSBs;
     None when no layer of `plan` runs on the native engine."""
     engines = plan.engine_counts()
-    if not any(engine.startswith("oneDNN") for engine in engines):
+    if not any(native.is_native_engine(engine) for engine in engines):
         return None
     ours = plan.run(batch, keep=True)
     theirs = compile_model(int8_model, threads=1, native=False).run(batch, keep=True)

@@ -116,7 +116,7 @@ def _runtime_inputs(node: ir.Node, layer: Int8Layer) -> list[ir.Value]:
 
 
 def native_layer_function(layer: Int8Layer, threads: int = 0):
-    """(run, engine) for an Int8Layer on lpt's native oneDNN engine, or (None, "") where it does not take the layer."""
+    """(run, engine) for an Int8Layer on lpt's native engine, or (None, "") where it does not take the layer."""
     from lpt import native
 
     if not native.available() or layer.multiplier is None or layer.weights is None or layer.op == "conv_transpose":
@@ -141,7 +141,7 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     except native.Unsupported as why:
         logger.debug("%s layer stays on lpt's kernels: %s", layer.op, why)
         return None, ""
-    return (lambda x: [operation(x)]), f"oneDNN ({operation.route})"
+    return (lambda x: [operation(x)]), native.engine_name(operation.route)
 
 
 def layer_function(layer: Int8Layer, threads: int = 0):

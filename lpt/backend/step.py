@@ -102,5 +102,5 @@ class Step:
     op_types: tuple[str, ...]
     backend: str  # "int8 kernel", "onnxruntime" or "onnx reference"
     layer: Int8Layer | None = None
-    engine: str = ""  # what computes an int8 layer: "oneDNN (u8s8)", "oneDNN (split)", "MLAS (u8u8)", "numpy", ...
+    engine: str = ""  # what computes an int8 layer: "oneDNN (u8s8)", "lpt AVX2 (s16)", "MLAS (u8u8)", "numpy", ...
 

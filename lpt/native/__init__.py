@@ -7,7 +7,8 @@
     acc = conv.accumulate(src_u8_nchw)  # the int32 accumulators, = lpt.kernels.reference.conv_reference
 
     lpt.native.MatMul(weights_s8_kn, ...)    the same for u8/s8 [..., K] × constant s8 [K, N]
-    lpt.native.route()                       "u8s8", "split" or None: what this process runs (routes.py)
+    lpt.native.route()                       "u8s8", "s16", "split" or None: what this process runs (routes.py)
+    lpt.native.engine_name(route)            how reports name it: "oneDNN (u8s8)", "lpt AVX2 (s16)", ...
     lpt.native.available(), unavailable_reason()
 
 Where the engine cannot run a step (see operations.py), creating it raises `Unsupported` with the
@@ -25,8 +26,20 @@ from lpt.native.routes import exact_routes, route
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Conv", "MatMul", "Unsupported", "available", "exact_routes", "onednn_version", "route",
-           "unavailable_reason"]
+__all__ = ["Conv", "MatMul", "Unsupported", "available", "engine_name", "exact_routes", "is_native_engine",
+           "onednn_version", "route", "unavailable_reason"]
+
+_ENGINE_NAMES = {"u8s8": "oneDNN (u8s8)", "split": "oneDNN (split)", "s16": "lpt AVX2 (s16)"}
+
+
+def engine_name(route: str) -> str:
+    """The name reports give the engine of a route: oneDNN's primitives, or lpt's own s16 kernel."""
+    return _ENGINE_NAMES[route]
+
+
+def is_native_engine(name: str) -> bool:
+    """Whether a step's engine (lpt.backend.step.Step.engine) is one of the native engine's routes."""
+    return name in _ENGINE_NAMES.values()
 
 
 def available() -> bool:

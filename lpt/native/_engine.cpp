@@ -15,6 +15,8 @@
 // - "split": w = 64·hi + lo with lo in [0, 63] and hi in [−2, 1]: a pair sum is at most
 //   2·255·63 = 32130 ≤ 32767, so nothing saturates. The same primitive runs twice (weights hi, then
 //   lo) and acc = 64·acc_hi + acc_lo is formed in integers inside the output stage.
+// - "s16": not oneDNN but lpt's own AVX2 kernel (s16.cpp): the source widened to int16, pairs of
+//   products added in int32 (vpmaddwd). Exact by construction; one group, 1-D or 2-D, and matmul.
 // An s8 source runs as u8 (q + 128, zero point + 128: the same differences), since oneDNN's s8
 // source path on AVX2 halves the weights and is not exact either.
 #define PY_SSIZE_T_CLEAN
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "s16.h"
 
 using namespace dnnl;
 using tag = memory::format_tag;
@@ -147,10 +150,20 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
     }
 }
 
+void finish_as(Dst dst, const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images,
+               int64_t positions, int64_t channels, bool channels_first, void *out, int threads) {
+    switch (dst) {
+        case Dst::s32: finish<int32_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
+        case Dst::f32: finish<float>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
+        case Dst::u8: finish<uint8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
+        case Dst::s8: finish<int8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
+    }
+}
+
 // ---------------------------------------------------------------- operations
 
 enum class Kind { conv, matmul };
-enum class Route { u8s8, split };
+enum class Route { u8s8, split, s16 };
 
 constexpr size_t MAX_PREPARED_SHAPES = 4;  // per operation; more are prepared again when met
 constexpr size_t KEEP_SCRATCH_BYTES = 8u << 20;  // per run; larger scratch is freed after the run
@@ -179,6 +192,10 @@ struct Operation {
     OutputStage stage;
     std::map<std::vector<int64_t>, std::unique_ptr<Prepared>> prepared;  // key: source dims + signedness
     std::string last_impl;
+    // route s16: the geometry, the packed weights, and the scratch of a run (widened source, accumulators)
+    lpt_s16::Geometry geometry{};
+    std::vector<int16_t> packed, wide;
+    std::vector<int32_t> acc;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
 
@@ -347,7 +364,9 @@ bool parse_common(Operation &op, PyObject *weights, const char *route, int threa
     const std::string r(route);
     if (r == "u8s8") op.route = Route::u8s8;
     else if (r == "split") op.route = Route::split;
-    else throw std::invalid_argument("route must be 'u8s8' or 'split', got '" + r + "'");
+    else if (r == "s16") op.route = Route::s16;
+    else throw std::invalid_argument("route must be 'u8s8', 'split' or 's16', got '" + r + "'");
+    if (op.route == Route::s16 && !lpt_s16::supported()) throw std::invalid_argument("route s16 needs AVX2");
     if (op.route == Route::split) {
         op.hi.resize(op.weights.size());
         op.lo.resize(op.weights.size());
@@ -431,6 +450,16 @@ PyObject *py_conv(PyObject *, PyObject *args) {
         for (const auto *v : {&op->strides, &op->dilations, &op->pads_begin, &op->pads_end})
             if ((int)v->size() != spatial) throw std::invalid_argument("strides, dilations and pads need one value per kernel axis");
         check_stage(*op);
+        if (op->route == Route::s16) {
+            if (groups != 1 || spatial > 2) throw std::invalid_argument("route s16 runs 1-D and 2-D convolutions of one group");
+            const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
+            auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
+            op->geometry = {op->in_channels, op->out_channels, y < 0 ? 1 : shape[2], shape.back(),
+                            axis(op->strides, y, 1), op->strides.back(), axis(op->dilations, y, 0) + 1,
+                            op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
+                            axis(op->pads_end, y, 0), op->pads_end.back()};
+            op->packed = lpt_s16::pack_weights(op->weights.data(), op->geometry);
+        }
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -462,6 +491,13 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
         op->in_channels = shape[0];
         op->out_channels = shape[1];
         check_stage(*op);
+        if (op->route == Route::s16) {  // a 1×1 convolution with K input channels and N outputs
+            op->geometry = {shape[0], shape[1], 1, 1};
+            std::vector<int8_t> transposed(op->weights.size());
+            for (int64_t k = 0; k < shape[0]; ++k)
+                for (int64_t n = 0; n < shape[1]; ++n) transposed[n * shape[0] + k] = op->weights[k * shape[1] + n];
+            op->packed = lpt_s16::pack_weights(transposed.data(), op->geometry);
+        }
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -489,6 +525,31 @@ Layout layout_of(const Py_buffer &v) {
     }
     if (v.shape[0] != 1 && v.strides[0] != expected) last = false;
     return last ? Layout::channels_last : Layout::other;
+}
+
+// Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
+void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src, Dst dst,
+             bool channels_last_out, Py_buffer &out) {
+    const lpt_s16::Geometry &g = op.geometry;
+    // conv [N, C, (H,) W]; matmul [M, K]: one image one row high and M wide, channels-last
+    const bool conv = op.kind == Kind::conv;
+    const int64_t images = conv ? dims[0] : 1, h = conv && dims.size() == 4 ? dims[2] : 1,
+                  w = conv ? dims.back() : dims[0];
+    const int64_t positions = conv ? g.out_h(h) * g.out_w(w) : w;
+    const size_t items = (size_t)(images * positions * op.out_channels);
+    if ((size_t)out.len != items * out.itemsize) throw std::invalid_argument("out does not have the output's size");
+    op.wide.resize(lpt_s16::widened_size(g, images, h, w));
+    op.acc.resize(items);
+    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
+                   op.wide.data(), op.threads);
+    lpt_s16::convolve(op.wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
+    finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels, conv && !channels_last_out,
+              out.buf, op.threads);
+    op.last_impl = "lpt:s16_avx2";
+    if (items * sizeof(int32_t) + op.wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) {
+        std::vector<int16_t>().swap(op.wide);
+        std::vector<int32_t>().swap(op.acc);
+    }
 }
 
 const char RUN_DOC[] =
@@ -544,6 +605,10 @@ PyObject *py_run(PyObject *, PyObject *args) {
     try {
         std::lock_guard<std::mutex> guard(op->lock);
         const bool signed_src = sf == 'b';
+        if (op->route == Route::s16) {
+            run_s16(*op, static_cast<const uint8_t *>(v.buf), dims, layout == Layout::channels_last, signed_src, dst,
+                    channels_last_out, out.view);
+        } else {
         Prepared &p = prepare(*op, dims, signed_src);
         const int64_t images = dims[0];
         int64_t positions = 1;
@@ -587,21 +652,14 @@ PyObject *py_run(PyObject *, PyObject *args) {
         const int64_t out_images = op->kind == Kind::conv ? images : 1;
         const int64_t out_positions = (int64_t)out_items / (out_images * channels);
         const bool channels_first = op->kind == Kind::conv && !channels_last_out;
-        switch (dst) {
-            case Dst::s32: finish<int32_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
-                                           channels_first, out.view.buf, op->threads); break;
-            case Dst::f32: finish<float>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
-                                         channels_first, out.view.buf, op->threads); break;
-            case Dst::u8: finish<uint8_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
-                                          channels_first, out.view.buf, op->threads); break;
-            case Dst::s8: finish<int8_t>(op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels,
-                                         channels_first, out.view.buf, op->threads); break;
-        }
+        finish_as(dst, op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels, channels_first,
+                  out.view.buf, op->threads);
         if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
             // a large batch's scratch would stay allocated in every layer: give it back
             std::vector<int32_t>().swap(p.acc_hi);
             std::vector<int32_t>().swap(p.acc_lo);
             std::vector<uint8_t>().swap(p.src_scratch);
+        }
         }
     } catch (const dnnl::error &e) {
         error = std::string("oneDNN: ") + e.what();
@@ -629,12 +687,15 @@ PyObject *py_version(PyObject *, PyObject *) {
     return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
 }
 
+PyObject *py_s16_supported(PyObject *, PyObject *) { return PyBool_FromLong(lpt_s16::supported()); }
+
 PyMethodDef methods[] = {
         {"conv", py_conv, METH_VARARGS, CONV_DOC},
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
         {"run", py_run, METH_VARARGS, RUN_DOC},
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
+        {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
         {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",

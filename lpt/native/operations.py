@@ -101,7 +101,8 @@ class Conv(_Operation):
     dst_scale None for an f32 destination, else the destination's scale and zero point, in
     dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
     [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
-    routes.route(), or "u8s8" / "split" (a route not exact on this CPU gives wrong results).
+    routes.route(), or "u8s8" / "s16" / "split" (a route not exact on this CPU gives wrong results;
+    s16 hands grouped and 3-D convolutions to split).
     The primitive for a source shape is created, and the weights reordered, at its first run.
     """
 
@@ -124,6 +125,8 @@ class Conv(_Operation):
         self.groups, self.src_zero_point = groups, int(src_zero_point)
         self.out_channels, self.in_channels = weights.shape[0], weights.shape[1] * groups
         rank = len(self.window.kernel)
+        if not routes.runs(self.route, groups, rank):
+            self.route = "split"
         self._operation = engine.conv(np.ascontiguousarray(weights), weights.shape, groups, self.window.strides,
                                       self.window.dilations, self.window.pads[:rank], self.window.pads[rank:],
                                       self.src_zero_point, self.route, self.threads, *self._stage)

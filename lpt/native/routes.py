@@ -3,8 +3,12 @@
 - "u8s8": the plain u8 × s8 primitive. With VNNI/AMX oneDNN multiplies and adds in int32 and is
   exact (and about twice as fast as the split); on AVX2 without VNNI it adds pairs of products in
   int16 with saturation (vpmaddubsw), and almost every accumulator of a real layer is wrong.
+- "s16": lpt's own AVX2 kernel (s16.cpp), not oneDNN: the source widened to int16 and pairs of
+  products added in int32 (vpmaddwd), exact by construction. It runs convolutions of one group
+  (1-D, 2-D) and matmuls; grouped, depthwise and 3-D convolutions take the split route.
 - "split": the weights as 64·hi + lo, lo in [0, 63], hi in [−2, 1]; no pair sum can reach 2^15,
-  and lpt's engine forms acc = 64·acc_hi + acc_lo in integers. Exact wherever u8s8 is, and on AVX2.
+  and lpt's engine forms acc = 64·acc_hi + acc_lo in integers. Exact wherever u8s8 is, and on AVX2,
+  but two passes.
 
 Exactness is proven as lpt.kernels.int8_gemm proves MLAS's: `exact_routes` runs each route once per
 process on the inputs that give every partial sum the largest magnitude its sign allows (source
@@ -12,9 +16,11 @@ process on the inputs that give every partial sum the largest magnitude its sign
 depthwise, grouped, strided, 1-D, a long reduction, matmul with edge sizes). A kernel's order of
 operations does not depend on the data, so a kernel exact on these is exact on all inputs.
 
-`route()` is the route lpt takes: the first exact one of u8s8, split, or None (the engine is not
-used). LPT_ONEDNN=auto|u8s8|split|off forces a choice (read once per process): `split` lets CI
-run the split route on any CPU; a forced `u8s8` where it is not exact is refused with a warning.
+`route()` is the route lpt takes: the first exact one of u8s8, s16, split, or None (the engine is
+not used). u8s8 comes first where exact (VNNI: one pass of int8 dot products); on AVX2, s16 runs a
+ResNet-18's convolutions about 1.5× faster than split (bench/native_conv.py). LPT_ONEDNN=auto|u8s8|s16|split|off
+forces a choice (read once per process), so CI runs each route on any CPU; a forced route that is
+not exact here (u8s8 without VNNI) is refused with a warning.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from lpt.native._library import DISABLE_VARIABLE, engine
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("u8s8", "split")
+ROUTES = ("u8s8", "s16", "split")  # in order of preference
 ROUTE_VARIABLE = DISABLE_VARIABLE
 
 # (weights shape [OC, IC/groups, *kernel], groups, strides, input spatial shape): no padding, so
@@ -54,12 +60,14 @@ def exact_routes() -> tuple[str, ...]:
     """
     if engine is None:
         return ()
-    return tuple(route for route in ROUTES if _probe(route))
+    return tuple(route for route in ROUTES if (route != "s16" or engine.s16_supported()) and _probe(route))
 
 
 def _probe(route: str) -> bool:
     for value in (127, -128):
         for shape, groups, strides, spatial in _PROBE_CONVS:
+            if not runs(route, groups, len(spatial)):
+                continue
             rank = len(spatial)
             weights = np.full(shape, value, np.int8)
             operation = engine.conv(weights, shape, groups, strides, (1,) * rank, (0,) * rank, (0,) * rank, 0, route, 1,
@@ -79,6 +87,11 @@ def _probe(route: str) -> bool:
                 if not np.all(acc == 255 * value * k):
                     return False
     return True
+
+
+def runs(route: str, groups: int, spatial_axes: int) -> bool:
+    """Whether `route` runs a convolution of this kind (the others take the split route)."""
+    return route != "s16" or (groups == 1 and spatial_axes <= 2)
 
 
 @functools.cache

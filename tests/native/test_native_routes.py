@@ -30,6 +30,7 @@ def test_the_probe_catches_a_saturating_kernel(monkeypatch):
 
 @pytest.mark.parametrize("value, expected", [
     pytest.param("split", "split", id="split"),
+    pytest.param("s16", "s16", id="s16"),
     pytest.param("off", None, id="off"),
     pytest.param("auto", "first-exact", id="auto"),
     pytest.param("nonsense", "first-exact", id="unknown-value"),
@@ -49,6 +50,17 @@ def test_the_environment_variable_forces_a_route(monkeypatch, caplog, value, exp
     else:
         assert chosen == expected
     assert ("is not one of" in caplog.text) == (value == "nonsense")
+
+
+def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
+    """lpt's own kernel runs one-group 1-D/2-D convolutions and matmuls; the rest must still run exactly."""
+    assert lpt.native.Conv(np.ones((4, 2, 3, 3), np.int8), route="s16").route == "s16"
+    assert lpt.native.Conv(np.ones((4, 2, 3), np.int8), route="s16").route == "s16"
+    grouped = lpt.native.Conv(np.ones((4, 1, 3, 3), np.int8), groups=4, route="s16")
+    assert grouped.route == "split"
+    assert lpt.native.Conv(np.ones((4, 2, 3, 3, 3), np.int8), route="s16").route == "split"
+    acc = grouped.accumulate(np.full((1, 4, 3, 3), 255, np.uint8))
+    assert acc.tolist() == [[[[255 * 9]]] * 4]
 
 
 @pytest.mark.parametrize("make, reason", [

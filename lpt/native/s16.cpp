@@ -1,0 +1,164 @@
+// lpt's own exact int8 convolution for CPUs without VNNI (route "s16"; lpt/native/routes.py).
+//
+// On AVX2 the fast int8 kernels (oneDNN's, onnxruntime's, OpenVINO's) multiply u8 by s8 with
+// vpmaddubsw, which adds each pair of products in int16 with saturation: 2·255·127 does not fit.
+// This kernel widens the source to int16 first, as q − zero_point in [−255, 255], and multiplies
+// with vpmaddwd: each pair of products (at most 2·255·128 = 65 280) is added in int32, so every
+// accumulator is the exact Σ (q_src − zp)·q_wei. It knows nothing of graphs: a geometry, int16
+// buffers and int32 accumulators.
+//
+// Layout: the widened source is channels-last and padded ([n, y, x, c], an even channel count), so
+// for a kernel row the window of one output position is one contiguous run of kernel_w·channels
+// values (when dilation_w = 1). The weights are packed per block of 16 output channels as
+// [kernel_h][kernel_w][channel pair][16][2]: one pair of input channels for 16 outputs is 32 int16,
+// two ymm registers. A tile of 6 output positions × 16 output channels keeps 12 accumulators in
+// registers; each step broadcasts one int32 (a pair of source values) per position.
+
+#include "s16.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace lpt_s16 {
+namespace {
+
+constexpr int64_t LANES = 16;  // output channels per block: two ymm of int32
+constexpr int TILE = 6;        // output positions per tile: 12 accumulators + 2 weights + 1 source of 16 ymm
+constexpr int64_t PARALLEL_WORK = 1 << 15;
+
+struct Walk {  // how a tile walks the window of its positions, the same for every position
+    int64_t rows, row_stride;   // kernel rows, and the int16 between them in the widened source
+    int64_t runs, run_stride;   // contiguous runs per kernel row (1, or kernel_w when dilated)
+    int64_t pairs;              // channel pairs per run
+};
+
+template <int T>
+__attribute__((target("avx2"))) void tile(const int16_t *const *positions, const int16_t *weights, const Walk &walk,
+                                          int32_t *out, int64_t out_stride, int64_t valid) {
+    __m256i acc[T][2];
+    for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
+    const int16_t *w = weights;
+    for (int64_t row = 0; row < walk.rows; ++row) {
+        for (int64_t run = 0; run < walk.runs; ++run) {
+            const int64_t offset = row * walk.row_stride + run * walk.run_stride;
+            const int16_t *src[T];
+            for (int j = 0; j < T; ++j) src[j] = positions[j] + offset;
+            for (int64_t q = 0; q < walk.pairs; ++q, w += 2 * LANES) {
+                const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w));
+                const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + LANES));
+                for (int j = 0; j < T; ++j) {
+                    int32_t pair;
+                    std::memcpy(&pair, src[j] + 2 * q, sizeof pair);
+                    const __m256i s = _mm256_set1_epi32(pair);
+                    acc[j][0] = _mm256_add_epi32(acc[j][0], _mm256_madd_epi16(s, w0));
+                    acc[j][1] = _mm256_add_epi32(acc[j][1], _mm256_madd_epi16(s, w1));
+                }
+            }
+        }
+    }
+    for (int j = 0; j < T; ++j) {
+        int32_t *o = out + j * out_stride;
+        if (valid == LANES) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(o), acc[j][0]);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 8), acc[j][1]);
+        } else {
+            alignas(32) int32_t all[LANES];
+            _mm256_store_si256(reinterpret_cast<__m256i *>(all), acc[j][0]);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(all + 8), acc[j][1]);
+            std::memcpy(o, all, valid * sizeof(int32_t));
+        }
+    }
+}
+
+using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *, int64_t, int64_t);
+constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+
+}  // namespace
+
+bool supported() { return __builtin_cpu_supports("avx2"); }
+
+std::vector<int16_t> pack_weights(const int8_t *weights, const Geometry &g) {
+    const int64_t c2 = g.padded_channels(), blocks = (g.out_channels + LANES - 1) / LANES;
+    std::vector<int16_t> packed(blocks * g.kernel_h * g.kernel_w * c2 * LANES, 0);
+    int16_t *p = packed.data();
+    for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t ky = 0; ky < g.kernel_h; ++ky)
+            for (int64_t kx = 0; kx < g.kernel_w; ++kx)
+                for (int64_t c = 0; c < c2; c += 2, p += 2 * LANES)
+                    for (int64_t lane = 0; lane < LANES; ++lane) {
+                        const int64_t oc = b * LANES + lane;
+                        if (oc >= g.out_channels) continue;
+                        for (int64_t k = 0; k < 2; ++k)
+                            if (c + k < g.in_channels)
+                                p[2 * lane + k] = weights[((oc * g.in_channels + c + k) * g.kernel_h + ky) * g.kernel_w + kx];
+                    }
+    return packed;
+}
+
+int64_t widened_size(const Geometry &g, int64_t images, int64_t h, int64_t w) {
+    return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * g.padded_channels();
+}
+
+void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
+           int64_t images, int64_t h, int64_t w, int16_t *wide, int threads) {
+    const int64_t c = g.in_channels, c2 = g.padded_channels();
+    const int64_t hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c2;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * hp * row >= PARALLEL_WORK)
+    for (int64_t t = 0; t < images * hp; ++t) {
+        const int64_t n = t / hp, y = t % hp - g.pad_top;
+        int16_t *out = wide + t * row;
+        if (y < 0 || y >= h) {
+            std::memset(out, 0, row * sizeof(int16_t));
+            continue;
+        }
+        std::memset(out, 0, g.pad_left * c2 * sizeof(int16_t));
+        std::memset(out + (g.pad_left + w) * c2, 0, g.pad_right * c2 * sizeof(int16_t));
+        int16_t *interior = out + g.pad_left * c2;
+        if (c2 != c)
+            for (int64_t x = 0; x < w; ++x) interior[x * c2 + c] = 0;
+        if (channels_last) {
+            const uint8_t *in = src + (n * h + y) * w * c;
+            for (int64_t x = 0; x < w; ++x)
+                for (int64_t k = 0; k < c; ++k) {
+                    const uint8_t v = in[x * c + k];
+                    interior[x * c2 + k] = (int16_t)((signed_src ? (int)(int8_t)v : (int)v) - zero_point);
+                }
+        } else {
+            for (int64_t k = 0; k < c; ++k) {
+                const uint8_t *in = src + ((n * c + k) * h + y) * w;
+                for (int64_t x = 0; x < w; ++x)
+                    interior[x * c2 + k] = (int16_t)((signed_src ? (int)(int8_t)in[x] : (int)in[x]) - zero_point);
+            }
+        }
+    }
+}
+
+void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads) {
+    const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
+    const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
+    const int64_t block_size = g.kernel_h * g.kernel_w * c2 * LANES;
+    Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.kernel_w * c2 / 2};
+    if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
+    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
+#pragma omp parallel for collapse(3) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
+    for (int64_t n = 0; n < images; ++n)
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int64_t t = 0; t < tiles; ++t) {
+                const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
+                const int16_t *starts[TILE];
+                for (int64_t j = 0; j < count; ++j) {
+                    const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
+                    starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
+                }
+                const int64_t valid = std::min(LANES, g.out_channels - b * LANES);
+                TILES[count](starts, packed + b * block_size, walk, acc + (n * positions + first) * g.out_channels + b * LANES,
+                             g.out_channels, valid);
+            }
+}
+
+}  // namespace lpt_s16
