@@ -56,12 +56,16 @@ class Agreement:
 
 @dataclass
 class TopOne:
-    """Top-1 accuracy of reference and candidate (with labels), or their agreement (without)."""
+    """Top-1 accuracy of reference and candidate (with labels), or their agreement (without); with
+    labels and five classes or more, top-5 accuracy too (`top5`)."""
 
     reference_correct: int = 0
     candidate_correct: int = 0
     agree: int = 0
     count: int = 0
+    reference_top5_correct: int = 0
+    candidate_top5_correct: int = 0
+    top5: bool = False
 
     def add(self, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> None:
         r, c = np.argmax(reference, axis=-1), np.argmax(candidate, axis=-1)
@@ -70,7 +74,19 @@ class TopOne:
             labels = np.asarray(labels).reshape(r.shape)
             self.reference_correct += int((r == labels).sum())
             self.candidate_correct += int((c == labels).sum())
+            if reference.shape[-1] >= 5:
+                self.top5 = True
+                self.reference_top5_correct += _in_top5(reference, labels)
+                self.candidate_top5_correct += _in_top5(candidate, labels)
         self.count += r.size
+
+    @property
+    def reference_top5(self) -> float:
+        return self.reference_top5_correct / self.count if self.count else 0.0
+
+    @property
+    def candidate_top5(self) -> float:
+        return self.candidate_top5_correct / self.count if self.count else 0.0
 
     @property
     def reference_accuracy(self) -> float:
@@ -83,6 +99,12 @@ class TopOne:
     @property
     def agreement(self) -> float:
         return self.agree / self.count if self.count else 0.0
+
+
+def _in_top5(scores: np.ndarray, labels: np.ndarray) -> int:
+    """How many labels are among their row's five highest scores (ties as argpartition breaks them)."""
+    top = np.argpartition(scores, -5, axis=-1)[..., -5:]
+    return int((top == labels[..., None]).any(axis=-1).sum())
 
 
 def is_classifier_output(array: np.ndarray) -> bool:
