@@ -16,8 +16,9 @@ from pathlib import Path
 import click
 
 import lpt
+from cli.data_options import DataOptions, data_options, open_folder, say_skipped
 from cli.shared import Table, at_least, console, say
-from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_PRESET, Estimator, Preset
+from lpt.calibration import DEFAULT_ESTIMATOR, DEFAULT_OVERFLOW_FIX, DEFAULT_PRESET, Estimator, OverflowFix, Preset
 from lpt.calibration import calibrate as run_calibration
 from lpt.calibration.data import data_beside, parse_batch_axes
 from lpt.errors import shown
@@ -33,6 +34,27 @@ def batch_axis_option(command):
                              "guessed from the model's input shapes. Repeatable.")(command)
 
 
+def overflow_fix_option(command):
+    """--overflow-fix auto|none|first|all (calibrate, quantize): lpt.calibration.overflow_fix."""
+    return click.option(
+        "--overflow-fix", type=click.Choice([m.value for m in OverflowFix]), default=DEFAULT_OVERFLOW_FIX.value,
+        show_default=True,
+        help="Which weights get a coarser grid so that pairs of u8×s8 products do not saturate their int16 sum "
+             "on a CPU without VNNI (onnxruntime's AVX2 kernels): auto, the output channels where saturation moved "
+             "a layer's output on the data, just enough (passes over it emulating that CPU); first, the first "
+             "layer on 7 bits; all, every layer on 7 bits (NNCF's overflow fix); none, keep 8 bits (e.g. a model "
+             "served on VNNI CPUs only: --overflow-fix none).")(command)
+
+
+def say_narrowed(report) -> None:
+    """The overflow fix's narrowed weights, one line each: how many channels, and the weights' SQNR cost."""
+    narrowed = sum(n.narrowed for n in report.narrowed)
+    say(f"overflow fix ({report.overflow_fix}): {narrowed} weight channels narrowed in {len(report.narrowed)} layers")
+    for n in report.narrowed:
+        say(f"  {n.weight} ({', '.join(n.layers)}): {n.narrowed}/{n.channels} channels, integers within "
+            f"±{n.smallest_qmax} at the narrowest; weight SQNR {n.weight_sqnr_db:.1f} → {n.narrowed_sqnr_db:.1f} dB")
+
+
 def default_output(model: Path) -> Path:
     """NAME.fq.onnx beside MODEL."""
     stem = model.name[: -len(".onnx")] if model.name.endswith(".onnx") else model.name
@@ -42,8 +64,9 @@ def default_output(model: Path) -> Path:
 @click.command()
 @click.argument("model", type=click.Path())
 @click.option("--data", type=click.Path(),
-              help="Calibration samples: .npz keyed by input name, .npy (single input), or a folder of them. "
-                   "Default: MODEL's .npz beside it.")
+              help="Calibration samples: .npz keyed by input name, .npy (single input), or a folder of them, or "
+                   "a folder of images or audio (options below; recorded in the FQ model). Default: MODEL's .npz "
+                   "beside it.")
 @click.option("--preset", type=click.Choice([p.value for p in Preset]), default=DEFAULT_PRESET.value,
               show_default=True, help="performance: symmetric activations; mixed: asymmetric u8 activations.")
 @click.option("--estimator", type=click.Choice([e.value for e in Estimator]), default=DEFAULT_ESTIMATOR.value,
@@ -55,14 +78,17 @@ def default_output(model: Path) -> Path:
 @click.option("--ignore", multiple=True, metavar="NODE|re:REGEX|OP",
               help="Leave matching nodes in f32 (node name, regex on names, or op type); repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
+@overflow_fix_option
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf instead of refusing the data.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary; print only where the model was written.")
 @click.option("-o", "--output", type=click.Path(), help="Where to write the FQ model. "
               "Default: MODEL_STEM.fq.onnx beside MODEL.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+@data_options
 def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_size: int,
-              batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, skip_nonfinite: bool,
-              quiet: bool, output: str | None, force: bool, files: Files) -> None:
+              batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, overflow_fix: str,
+              skip_nonfinite: bool,
+              quiet: bool, output: str | None, force: bool, data_options: DataOptions, files: Files) -> None:
     """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
 
     Activations get per-tensor ranges from the statistics, weights symmetric int8 per output
@@ -73,19 +99,22 @@ def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_
     Example:
       lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
       lpt calibrate model.onnx --data samples/ --estimator mse --ignore re:^/head/ -o model.fq.onnx
+      lpt calibrate yolo.onnx --data photos/ --preprocess yolo      JPEGs, letterboxed to the model's size
     """
     at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
     model = files.model(model)
     data = files.data(data if data is not None else data_beside(model))
+    data = open_folder(data, model, data_options, batch_axes=axes, quiet=quiet)  # a folder of images or audio
     output = files.output(default_output(model) if output is None else output,
                           "-o" if output is not None else "the default output", force=force)
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
-                             quiet=quiet, batch_axes=axes)
+                             quiet=quiet, batch_axes=axes, overflow_fix=overflow_fix)
     lpt.save(result.model, output, overwrite=force)
     if not quiet:
         print_summary(result.report, model)
+        say_skipped(data)
     click.echo(shown(f"wrote {output}"))
 
 
@@ -106,4 +135,5 @@ def print_summary(report, model: Path) -> None:
         console.print(left)
     skipped = f", {report.skipped_samples} skipped for NaN/Inf" if report.skipped_samples else ""
     corrected = f"; {len(report.bias_corrected)} biases corrected" if report.bias_corrected else ""
+    say_narrowed(report)
     say(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")

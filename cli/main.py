@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 import lpt
-from cli.calibrate import batch_axis_option
+from cli.calibrate import batch_axis_option, overflow_fix_option, say_narrowed
+from cli.data_options import DataOptions, data_options, open_folder, say_skipped
+from lpt.data.suggest import suggest as suggest_data
 from lpt.calibration import Estimator
 from cli.shared import Table, at_least, bounded_threads, console, say
 from lpt import limits, paths
@@ -93,11 +95,16 @@ def inspect(model: str, as_json: bool, files: paths.Files) -> None:
     Example:
       lpt inspect models/digits_cnn.ort_qdq.onnx
       lpt inspect models/digits_cnn.ort_qdq.onnx --json > summary.json
+
+    For an input that looks like an image or audio, the last lines say how a folder of such files
+    would be read (--data DIR) and which options change it.
     """
     model = files.model(model)
-    summary = lpt.summarize(lpt.load(model))
+    loaded = lpt.load(model)
+    summary = lpt.summarize(loaded)
+    data_lines = suggest_data(loaded)  # image- or audio-like inputs: the --data options lpt would infer
     if as_json:
-        click.echo(json.dumps(summary.to_dict(), indent=2))
+        click.echo(json.dumps({**summary.to_dict(), "data": data_lines}, indent=2))
         return
     ops = Table(title=f"{model.name}: ops", title_justify="left")
     ops.add_column("op")
@@ -123,6 +130,8 @@ def inspect(model: str, as_json: bool, files: paths.Files) -> None:
         console.print(left)
     else:
         say("every Conv/ConvTranspose/MatMul/Gemm reads fake-quantized inputs")
+    for line in data_lines:
+        say(line)
 
 
 def _print_precisions(precisions) -> None:
@@ -197,7 +206,7 @@ def _default_data(model: Path, data: str | None) -> str | Path:
 @main.command()
 @click.argument("model", type=click.Path())
 @click.option("--data", type=click.Path(), help="Inputs: .npz keyed by input name, .npy, or a folder "
-              "of them. Default: MODEL's .npz beside it.")
+              "of them, or a folder of images or audio (options below). Default: MODEL's .npz beside it.")
 @click.option("-o", "--output", type=click.Path(), help="Write the outputs here (.npz keyed by output name).")
 @click.option("--check", is_flag=True, help="Cross-check against onnxruntime on the FQ model and on lpt's export.")
 @click.option("--batch-size", default=32, show_default=True, help="Samples per run of the plan.")
@@ -206,8 +215,9 @@ def _default_data(model: Path, data: str | None) -> str | Path:
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @batch_axis_option
 @_one_line_errors
+@data_options
 def run(model: str, data: str | None, output: str | None, check: bool, batch_size: int, threads: int,
-        force: bool, batch_axes: tuple[str, ...], files: paths.Files) -> None:
+        force: bool, batch_axes: tuple[str, ...], data_options: DataOptions, files: paths.Files) -> None:
     """Run MODEL on lpt's int8 backend.
 
     MODEL is a fake-quantized model (transformed on the fly) or an int8 graph saved by
@@ -217,14 +227,17 @@ def run(model: str, data: str | None, output: str | None, check: bool, batch_siz
     \b
     Example:
       lpt run models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.test.npz -o out.npz --check
+      lpt run model.fq.onnx --data photos/     preprocessed as recorded when model.fq.onnx was calibrated
     """
     at_least("--batch-size", batch_size, 1)
     threads = bounded_threads("--threads", threads, 0)
     axes = parse_batch_axes(batch_axes)
     model = files.model(model)
     data = files.data(_default_data(model, data))
+    data = open_folder(data, model, data_options, batch_axes=axes)  # a folder of images or audio
     output = files.output(output, "-o", force=force)
     result = lpt.run(model, data, batch_size=batch_size, check=check, threads=threads, batch_axes=axes)
+    say_skipped(data)
     if output is not None:
         lpt.model_io.write_arrays(result.outputs, output, overwrite=force)
     split = ", ".join(f"{n} on {backend}" for backend, n in result.op_split.items())
@@ -271,6 +284,9 @@ def _say_engines(check) -> None:
         e = check.engine
         say(f"  native engine vs lpt's NumPy/MLAS kernels: max {e.max_lsb} LSB over {e.tensors} integer tensors "
             f"({_share(e.share_exact)} exactly equal)")
+        if e.programs:
+            say(f"  {e.programs} run(s) of steps as one native call each, outputs "
+                + ("equal to the steps run one by one" if e.programs_exact else "DIFFERENT from the steps run one by one"))
 
 
 @main.command()
@@ -301,7 +317,8 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @main.command()
 @click.argument("model", type=click.Path())
 @click.option("--data", type=click.Path(),
-              help="Sample inputs (.npz keyed by input name, .npy, or a folder). Default: MODEL's .npz beside it.")
+              help="Sample inputs (.npz keyed by input name, .npy, or a folder of them), or a folder of images or "
+                   "audio (options below; class subfolders give labels). Default: MODEL's .npz beside it.")
 @click.option("-o", "--output-prefix", type=click.Path(),
               help="Write PREFIX.fq.onnx and PREFIX.int8.onnx. Default: beside MODEL, named after it.")
 @click.option("--preset", type=click.Choice(["performance", "mixed"]), help="Activation scheme (default: the "
@@ -312,15 +329,32 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @click.option("--subset-size", default=300, show_default=True, help="Samples used to calibrate and to check.")
 @click.option("--ignore", multiple=True, help="Leave in f32: a node name, re:REGEX, or an op type. Repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
+@overflow_fix_option
 @click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf (with a warning) instead of refusing the data.")
 @click.option("--json", "json_path", type=click.Path(), help="Also write the report as JSON here.")
 @click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
+@click.option("--max-drop", type=float, metavar="PT", help="Accuracy control: revert the layers whose quantization "
+              "costs most to f32, the fewest that keep the top-1 drop against fp32 at most PT points on the "
+              "evaluation data (needs --labels). E.g. --max-drop 0.5 --labels labels --eval-data test.npz")
+@click.option("--min-sqnr", type=float, metavar="DB", help="Accuracy control without labels: revert until the "
+              "output SQNR against fp32 (worst output) is at least DB. E.g. --min-sqnr 42")
+@click.option("--labels", "labels_key", help="The key of the labels in the evaluation data, for --max-drop; for "
+              "a folder of images or audio without class subfolders, a CSV file,label. With labels in --data, "
+              "the report gives fp32 and int8 top-1 (and top-5). E.g. --labels labels, --labels photos.csv")
+@click.option("--eval-data", type=click.Path(), help="Where --max-drop/--min-sqnr are measured: every sample of "
+              "this .npz/.npy/folder. Default: the --data samples, which also calibrate; give held-out ones "
+              "(e.g. models/digits_zoo.test.npz).")
+@click.option("--max-time", type=float, default=600, show_default=True, metavar="SECONDS",
+              help="Stop the accuracy search after SECONDS; the best model found is written either way.")
 @batch_axis_option
 @_one_line_errors
-def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, recalibrate,
-             skip_nonfinite, json_path, force, quiet, batch_axes, files: paths.Files) -> None:
+@data_options
+def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, overflow_fix,
+             recalibrate,
+             skip_nonfinite, json_path, force, quiet, max_drop, min_sqnr, labels_key, eval_data, max_time, batch_axes,
+             data_options: DataOptions, files: paths.Files) -> None:
     """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
 
     An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
@@ -328,15 +362,29 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
     low precision transformations make the int8 graph, lpt's int8 backend runs it on the data
     and cross-checks it against onnxruntime, and the fp32-vs-int8 agreement is reported.
 
+    With --max-drop or --min-sqnr (accuracy control), the layers are ranked once by what their
+    quantization costs, and the fewest of the worst are reverted to f32 until the target holds on
+    --eval-data; the report lists the ranking, what was reverted, the metric and lpt's latency
+    before and after. When the target is missed, the best model found is still written, the
+    report says so, and the exit code is 2.
+
     \b
     Example:
       lpt quantize models/digits_cnn.onnx
       lpt quantize my_model.onnx --data samples.npz --preset mixed -o build/my_model
+      lpt quantize models/digits_zoo.onnx --max-drop 0.3 --labels labels --eval-data models/digits_zoo.test.npz
+      lpt quantize resnet.onnx --data photos/ --preprocess imagenet      photos/CLASS/*.jpg: top-1 and top-5
     """
     at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
     model = files.model(model)
     data = files.data(_default_data(model, data))
+    if eval_data is not None:
+        eval_data = files.data(eval_data, "the evaluation data")
+    # a folder of images or audio: its files (inputs, never overwritten), labels and preprocessing
+    data = open_folder(data, model, data_options, labels=labels_key, batch_axes=axes)
+    if eval_data is not None:
+        eval_data = open_folder(eval_data, model, data_options, labels=labels_key, batch_axes=axes)
     if output_prefix == "":
         raise lpt.errors.OutputError("-o: the output prefix is empty")
     prefix = output_prefix or model.with_suffix("")
@@ -351,7 +399,8 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
                               bias_correction=not no_bias_correction, recalibrate=recalibrate,
                               skip_nonfinite=skip_nonfinite, batch_axes=axes,
-                              quiet=quiet or not console.is_terminal,
+                              max_drop=max_drop, min_sqnr=min_sqnr, labels=labels_key, eval_data=eval_data,
+                              max_time=max_time, overflow_fix=overflow_fix, quiet=quiet or not console.is_terminal,
                               on_stage=(lambda name: status.update(name)) if status is not None else None)
     finally:
         if status is not None:
@@ -360,7 +409,13 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
     if json_path is not None:
         lpt.model_io.write_bytes(json.dumps(result.report.to_dict(), indent=2).encode(), json_path, overwrite=force)
     _print_quantize_report(result.report)
+    say_skipped(data)
     click.echo(shown(f"wrote {fq_path} and {int8_path}"))
+    control = result.report.accuracy_control
+    if control is not None and not control.met:
+        click.echo(f"warning: accuracy target missed ({control.target.describe()}): wrote the best model found",
+                   err=True)
+        sys.exit(2)
 
 
 def _print_quantize_report(report) -> None:
@@ -371,6 +426,7 @@ def _print_quantize_report(report) -> None:
                       f"FakeQuantize on {inserted}")
         for skipped in c.left_f32:
             say(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
+        say_narrowed(c)
     else:
         console.print("the model was already fake-quantized: calibration skipped")
     ops = report.to_dict()["ops"]
@@ -392,25 +448,73 @@ def _print_quantize_report(report) -> None:
                       f"max |err| {a.max_abs_error:.3g}")
     if agreement.top1 is not None:
         say(f"  top-1 agreement with {reference}: {agreement.top1.agreement:.2%}")
+    if agreement.top1 is not None and agreement.has_labels:
+        _say_accuracy(agreement.top1, reference, "int8")
+    if report.accuracy_control is not None:
+        _print_accuracy_control(report.accuracy_control)
     console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items()))
+
+
+def _say_accuracy(top1, reference: str, candidate: str) -> None:
+    """Top-1 (and top-5, with five classes or more) of both models on the labelled samples, side by side."""
+    say(f"  top-1 on {top1.count} labelled samples: {reference} {top1.reference_accuracy:.2%}, {candidate} "
+        f"{top1.candidate_accuracy:.2%} (drop {100 * (top1.reference_accuracy - top1.candidate_accuracy):.2f} pt)")
+    if top1.top5:
+        say(f"  top-5: {reference} {top1.reference_top5:.2%}, {candidate} {top1.candidate_top5:.2%} "
+            f"(drop {100 * (top1.reference_top5 - top1.candidate_top5):.2f} pt)")
+
+
+def _print_accuracy_control(control) -> None:
+    def measured(m) -> str:
+        top1 = "" if m.top1 is None else f"top-1 {m.top1:.2%} (fp32 {m.reference_top1:.2%}, drop {m.drop_pt:.2f} pt), "
+        return f"{top1}SQNR {m.sqnr_db:.2f} dB"
+
+    samples = "" if control.samples is None else f" on {control.samples} samples"
+    say(f"accuracy control: {control.target.describe()}{samples}: "
+        + ("met" if control.met else "MISSED, the best model found is written"))
+    table = Table(title=f"layers, worst quantization first: {len(control.reverted)} of {len(control.ranking)} "
+                        "reverted to f32", title_justify="left")
+    for column in ("layer", "op", "worst FQ'd input", "SQNR of its quantization dB", "reverted"):
+        table.add_column(column)
+    reverted = {layer.name for layer in control.reverted}
+    for layer in control.ranking:
+        table.add_row(layer.name, layer.op, layer.tensor or "-", f"{layer.sqnr_db:.2f}",
+                      "yes" if layer.name in reverted else "", style="yellow" if layer.name in reverted else None)
+    console.print(table)
+    say(f"  before: {measured(control.before)}")
+    say(f"  after:  {measured(control.after)}")
+    latency = control.latency_ms
+    if latency:
+        say(f"  latency on lpt's backend, one sample: {latency['before']:.3f} ms before, {latency['after']:.3f} ms "
+            f"after (×{latency['after'] / latency['before']:.2f})")
+    say(f"  search: {len(control.trials)} trial{'s' if len(control.trials) != 1 else ''} in {control.seconds:.1f} s"
+        + (f"; stopped: {control.stopped}" if control.stopped else ""))
 
 
 @main.command("compare")
 @click.argument("reference", type=click.Path())
 @click.argument("candidate", type=click.Path())
 @click.option("--data", type=click.Path(), required=True,
-              help="Inputs (.npz keyed by input name, .npy, or a folder); labels may sit in the same .npz.")
-@click.option("--labels", "labels_key", help="The key of the labels in DATA (gives top-1 accuracy of both).")
+              help="Inputs (.npz keyed by input name, .npy, or a folder of them); labels may sit in the same .npz. "
+                   "Or a folder of images or audio (options below; class subfolders give labels), preprocessed as "
+                   "CANDIDATE records when no option is given.")
+@click.option("--labels", "labels_key", help="The key of the labels in DATA (gives top-1 accuracy of both, and "
+              "top-5 with five classes or more); for a folder without class subfolders, a CSV file,label. "
+              "E.g. --labels labels, --labels photos.csv")
 @click.option("--backend", type=click.Choice(["lpt", "onnxruntime"]), default="lpt", show_default=True,
               help="What runs CANDIDATE: lpt's int8 backend, or onnxruntime (its own int8 kernels).")
 @click.option("--per-layer", is_flag=True, help="SQNR per layer, worst first, tensors matched by name.")
+@click.option("--emulate", type=click.Choice(["avx2"]), help="Run CANDIDATE on lpt's backend as an AVX2 CPU without "
+              "VNNI computes it: onnxruntime's u8×s8 kernels there saturate pairs of products in int16. Says per layer "
+              "how many output channels saturated on DATA and what it cost in SQNR. E.g. --emulate avx2")
 @click.option("--json", "json_path", type=click.Path(), help="Write the comparison as JSON here.")
 @click.option("--plot", type=click.Path(), help="Draw the per-layer SQNR as a PNG bar chart.")
 @click.option("--force", is_flag=True, help="Replace existing --json/--plot files.")
 @batch_axis_option
 @_one_line_errors
-def compare_command(reference, candidate, data, labels_key, backend, per_layer, json_path, plot, force,
-                    batch_axes, files: paths.Files) -> None:
+@data_options
+def compare_command(reference, candidate, data, labels_key, backend, per_layer, emulate, json_path, plot, force,
+                    batch_axes, data_options: DataOptions, files: paths.Files) -> None:
     """Compare CANDIDATE (an FQ or int8 model) with REFERENCE (usually the fp32 model).
 
     Per output: SQNR, cosine similarity, max and mean absolute error; with --labels, top-1
@@ -421,17 +525,21 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
     Example:
       lpt compare models/digits_cnn.onnx models/digits_cnn.ort_qdq.onnx \\
           --data models/digits_cnn.test.npz --labels labels --per-layer
+      lpt compare resnet.onnx resnet.fq.onnx --data val/     val/CLASS/*.jpg, preprocessed as at calibration
     """
     axes = parse_batch_axes(batch_axes)
     reference = files.model(reference, "the reference model")
     candidate = files.model(candidate, "the candidate model")
     data = files.data(data)
+    data = open_folder(data, [candidate, reference], data_options, labels=labels_key, batch_axes=axes)
     json_path = files.output(json_path, "--json", force=force)
     plot = files.output(plot, "--plot", force=force)
     comparison = lpt.compare(reference, candidate, data, labels=labels_key, backend=backend,
-                             per_layer=per_layer or plot is not None, batch_axes=axes)
+                             per_layer=per_layer or plot is not None, batch_axes=axes, emulate=emulate)
+    say_skipped(data)
     result = comparison.to_dict()
-    table = Table(title=f"{candidate.name} vs {reference.name} ({backend})", title_justify="left")
+    table = Table(title=f"{candidate.name} vs {reference.name} ({backend}{', emulating ' + emulate if emulate else ''})",
+                  title_justify="left")
     for column in ("output", "SQNR dB", "cosine", "max |err|", "mean |err|"):
         table.add_column(column)
     for name, a in comparison.outputs.items():
@@ -441,8 +549,14 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
         acc = result["accuracy"]
         say(f"top-1: reference {acc['reference']:.2%}, candidate {acc['candidate']:.2%}, "
                       f"drop {100 * acc['drop']:.2f} pt")
+        if "top5" in acc:
+            top5 = acc["top5"]
+            say(f"top-5: reference {top5['reference']:.2%}, candidate {top5['candidate']:.2%}, "
+                f"drop {100 * top5['drop']:.2f} pt")
     elif "agreement" in result:
         say(f"top-1 agreement: {result['agreement']:.2%}")
+    if emulate is not None:
+        _print_saturation(comparison.saturation, emulate)
     if comparison.layers:
         layers = Table(title="per quantized tensor, worst quantization first", title_justify="left")
         for column in ("tensor", "op", "SQNR of its quantization dB", "accumulated SQNR dB", "computed in"):
@@ -506,6 +620,17 @@ def bench(model: str, data, fp32_path, threads: int, repeats: int, as_json: bool
         table.add_row(engine, f"{ms:.3f}", f"{ratios[engine]:.2f}" if ratios else "-")
     console.print(table)
     click.echo(shown("lpt's slowest steps: " + "; ".join(f"{step} {ms:.3f} ms" for step, ms in result.profile[:5])))
+
+
+def _print_saturation(saturation, emulate: str) -> None:
+    """Per emulated int8 layer: the channels whose int16 pair sums saturated on the data, and the cost."""
+    table = Table(title=f"int16 pair saturation ({emulate}), per int8 layer", title_justify="left")
+    for column in ("layer", "op", "channels saturated", "moved > 1 LSB", "sums saturated", "SQNR vs exact dB"):
+        table.add_column(column)
+    for s in saturation:
+        table.add_row(s.name, s.op, f"{s.saturated_channels}/{s.channels}", str(s.changed_channels),
+                      f"{s.saturated_share:.3%}", f"{s.sqnr_db:.2f}", style="yellow" if s.changed_channels else None)
+    console.print(table)
 
 
 def _plot_layers(comparison) -> bytes:

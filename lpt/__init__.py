@@ -20,7 +20,9 @@ import onnx_ir as ir
 from lpt import model_io
 from lpt.backend import compile_model
 from lpt.calibration import CalibrationResult, calibrate
+from lpt.calibration.accuracy_control import AccuracyControlReport, control_accuracy
 from lpt.compare import Comparison, compare
+from lpt.data import AudioOptions, Dataset, ImageOptions, open_data
 from lpt.errors import DataError, LptError, ModelError, QuantizationError
 from lpt.execute import RunResult, run
 from lpt.export.int8 import ExportReport
@@ -68,4 +70,6 @@ __all__ = [
     "__version__", "calibrate", "clone", "compare", "compile_model", "export_int8", "load", "model_io",
     "normalize", "op_precisions", "quantize", "read_fake_quantize", "read_model", "run", "run_reference", "save",
     "summarize", "to_portable", "transform", "write_model",
+    "AudioOptions", "Dataset", "ImageOptions", "open_data",
+    "AccuracyControlReport", "control_accuracy",
 ]

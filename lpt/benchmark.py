@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 from threadpoolctl import threadpool_limits
 
-from lpt.backend import compile_model
+from lpt.backend import compile_model, native_program
 from lpt.export.portable import to_portable
 from lpt.limits import bounded_threads
 from lpt.model_io import clone, to_proto
@@ -117,15 +117,21 @@ def _openvino_request(fq_model: ir.Model, threads: int, unavailable: dict[str, s
 
 
 def _profile(plan, feeds, repeats: int) -> list[tuple[str, float]]:
-    """Median time per step: where lpt's time goes."""
+    """Median time per step as the plan runs them (a native program as one): where lpt's time goes."""
     env = {**plan.constants, **feeds}
-    timings: dict[int, list[float]] = {i: [] for i in range(len(plan.steps))}
+    steps = plan.run_steps
+    timings: dict[int, list[float]] = {i: [] for i in range(len(steps))}
     for _ in range(repeats):
-        for i, step in enumerate(plan.steps):
+        for i, step in enumerate(steps):
             start = time.perf_counter()
             outputs = step.run(*[env[n] for n in step.inputs])
             timings[i].append((time.perf_counter() - start) * 1e3)
             env.update(zip(step.outputs, outputs))
-    rows = [(f"{'+'.join(plan.steps[i].op_types)} [{plan.steps[i].nodes[0]}]", statistics.median(t))
-            for i, t in timings.items()]
+    rows = [(_step_name(steps[i]), statistics.median(t)) for i, t in timings.items()]
     return sorted(rows, key=lambda r: -r[1])
+
+
+def _step_name(step) -> str:
+    if step.engine == native_program.ENGINE:
+        return f"native program of {len(step.nodes)} nodes [{step.nodes[0]} .. {step.nodes[-1]}]"
+    return f"{'+'.join(step.op_types)} [{step.nodes[0]}]"

@@ -18,6 +18,8 @@ import onnx_ir as ir
 from lpt.backend.chains import is_quantize, read_quantization
 from lpt.calibration.data import CalibrationData, input_specs, split_labels
 from lpt.crosscheck import run_fake_quantized, run_onnxruntime
+from lpt.data.preprocess import METADATA_KEY
+from lpt.data.sources import open_data
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
@@ -46,6 +48,8 @@ class Comparison:
     top1: TopOne | None = None
     has_labels: bool = False
     layers: list[LayerComparison] = field(default_factory=list)
+    emulate: str | None = None  # the CPU lpt's backend emulated ("avx2"), or None: exact
+    saturation: list = field(default_factory=list)  # lpt.backend.emulation.SaturatedLayer per emulated layer
 
     def to_dict(self) -> dict:
         """The stable JSON form (README documents the keys)."""
@@ -53,8 +57,14 @@ class Comparison:
         if self.top1 is not None and self.has_labels:
             out["accuracy"] = {"reference": self.top1.reference_accuracy, "candidate": self.top1.candidate_accuracy,
                                "drop": self.top1.reference_accuracy - self.top1.candidate_accuracy}
+            if self.top1.top5:  # five classes or more
+                out["accuracy"]["top5"] = {"reference": self.top1.reference_top5, "candidate": self.top1.candidate_top5,
+                                           "drop": self.top1.reference_top5 - self.top1.candidate_top5}
         elif self.top1 is not None:
             out["agreement"] = self.top1.agreement
+        if self.emulate is not None:
+            out["emulate"] = self.emulate
+            out["saturation"] = [layer.to_dict() for layer in self.saturation]
         if self.layers:
             out["layers"] = [{"name": layer.name, "op": layer.op, "sqnr_db": layer.sqnr_db,
                               "accumulated_sqnr_db": layer.accumulated_sqnr_db, "precision": layer.precision}
@@ -64,17 +74,29 @@ class Comparison:
 
 def compare(reference, candidate, data, *, labels: str | None = None, backend: str = "lpt",
             per_layer: bool = False, batch_size: int = 32,
-            batch_axes: dict[str, int | None] | None = None) -> Comparison:
+            batch_axes: dict[str, int | None] | None = None, emulate: str | None = None) -> Comparison:
     """Compare `candidate` with `reference` (paths or ir.Models) on `data`; see Comparison.to_dict.
-    `batch_axes` ({input name: axis, or None for a fixed input}) overrides the guessed batch axes."""
+    `batch_axes` ({input name: axis, or None for a fixed input}) overrides the guessed batch axes.
+    `emulate="avx2"`: lpt's backend computes the int8 layers as onnxruntime's u8×s8 kernels do on a CPU
+    without VNNI (int16 pair saturation, lpt.backend.emulation); `saturation` then says, per layer, how
+    many output channels saturated on the data and what it cost in SQNR.
+    `labels`: the key of the labels in a .npz or dict, a CSV `file,label` for a folder, or the labels
+    themselves; a folder with class subfolders (or lpt.Dataset with `label`) brings its own. A folder
+    of images or audio is preprocessed as the candidate's metadata records (else the reference's,
+    else as the input shapes suggest: lpt.data.open_data)."""
     import lpt
 
     if backend not in BACKENDS:
         raise DataError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if emulate is not None and backend != "lpt":
+        raise DataError(f"emulate={emulate!r} runs the candidate on lpt's backend, not on {backend}")
     reference = lpt.read_model(reference) if isinstance(reference, (str, os.PathLike)) else reference
     candidate = lpt.load(candidate) if isinstance(candidate, (str, os.PathLike)) else candidate
     specs = input_specs(reference)
-    inputs, label_array = split_labels(data, labels, [s.name for s in specs])
+    csv = labels if isinstance(labels, (str, os.PathLike)) and str(labels).lower().endswith(".csv") else None
+    recorded = candidate if METADATA_KEY in candidate.metadata_props else reference
+    data = open_data(data, recorded, labels=csv, batch_axes=batch_axes)
+    inputs, label_array = split_labels(data, None if csv else labels, [s.name for s in specs])
     dataset = CalibrationData(inputs, specs, batch_size=batch_size, batch_axes=batch_axes)
     output_names = [v.name for v in reference.graph.outputs]
 
@@ -84,7 +106,7 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     if backend == "lpt":
         int8 = lpt.clone(candidate)
         lpt.transform(int8)
-        plan = lpt.compile_model(int8)
+        plan = lpt.compile_model(int8, emulate=emulate)
         if per_layer:
             probes = _quantized_probes(int8, plan, set(local))
     elif per_layer:  # onnxruntime: each FakeQuantize's output, which keeps its name in the saved QDQ model
@@ -116,6 +138,10 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     result.layers = sorted((LayerComparison(name, producers.get(name, "input"), introduced[name].sqnr_db,
                                             accumulated[name].sqnr_db, probes[name][2]) for name in probes),
                            key=lambda layer: layer.sqnr_db)
+    if emulate is not None:
+        from lpt.backend.emulation import saturation_report
+
+        result.emulate, result.saturation = emulate, saturation_report(plan)
     return result
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from lpt.backend import Plan, compile_model
+from lpt.backend import Plan, compile_model, native_program
 from lpt.crosscheck import TensorAgreement, quantized_tensor_agreement, run_fake_quantized, run_onnxruntime
 from lpt.export.int8 import to_standard_int8
 from lpt.kernels.int8_gemm import onnxruntime_saturation_note
@@ -38,6 +38,8 @@ class EngineAgreement:
     max_lsb: int
     share_exact: float
     tensors: int
+    programs: int = 0  # runs of steps fused into one native call (lpt.backend.native_program)
+    programs_exact: bool = True  # their outputs equal, bit for bit, those of their steps run one by one
 
 
 @dataclass
@@ -128,6 +130,10 @@ def engine_agreement(int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarr
     if not any(native.is_native_engine(engine) for engine in engines):
         return None
     ours = plan.run(batch, keep=True)
+    fused = plan.run(batch)  # the steps as a run takes them: native programs where they fused
+    programs = sum(step.engine == native_program.ENGINE for step in plan.run_steps)
+    programs_exact = all(np.array_equal(fused[name], ours[name], equal_nan=fused[name].dtype.kind == "f")
+                         for name in plan.outputs)
     theirs = compile_model(int8_model, threads=1, native=False).run(batch, keep=True)
     worst, equal, total, tensors = 0, 0, 0, 0
     for name, value in ours.items():
@@ -135,7 +141,7 @@ def engine_agreement(int8_model: ir.Model, plan: Plan, batch: dict[str, np.ndarr
             difference = np.abs(value.astype(np.int64) - theirs[name].astype(np.int64))
             worst = max(worst, int(difference.max(initial=0)))
             equal, total, tensors = equal + int((difference == 0).sum()), total + difference.size, tensors + 1
-    return EngineAgreement(dict(engines), worst, equal / total if total else 1.0, tensors)
+    return EngineAgreement(dict(engines), worst, equal / total if total else 1.0, tensors, programs, programs_exact)
 
 
 def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int = 0,
@@ -149,6 +155,7 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     """
     from lpt import load
     from lpt.calibration.data import CalibrationData, input_specs, split_labels
+    from lpt.data.sources import open_data
     from lpt.transformations.pipeline import transform
 
     threads = bounded_threads(threads)
@@ -157,6 +164,7 @@ def run(model, data, *, batch_size: int = 32, check: bool = False, threads: int 
     transform(int8_model)
     plan = compile_model(int8_model, threads=threads)
     specs = input_specs(int8_model)
+    data = open_data(data, fq_model, batch_axes=batch_axes)  # a folder: preprocessed as the model records
     inputs, _ = split_labels(data, None, [s.name for s in specs])  # a test file's labels are not inputs
     dataset = CalibrationData(inputs, specs, batch_size=batch_size, batch_axes=batch_axes)
     outputs, seconds = run_plan(plan, dataset.batches())

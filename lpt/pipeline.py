@@ -11,6 +11,7 @@ models only) → transform → compile → run on the data → cross-check with 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,9 +23,16 @@ from onnx_ir.passes.common import RemoveUnusedOpsetsPass
 
 from lpt.backend import Plan, compile_model
 from lpt.calibration import CalibrationReport, calibrate
-from lpt.calibration.data import CalibrationData, data_beside, input_specs
+from lpt.calibration.accuracy_control import (
+    DEFAULT_MAX_TIME,
+    AccuracyControlReport,
+    check_options,
+    control_accuracy,
+)
+from lpt.calibration.data import CalibrationData, data_beside, input_specs, split_labels
 from lpt.compare import Comparison, compare
-from lpt.errors import DataError, ModelError
+from lpt.data.sources import FolderSource, open_data, record_preprocess
+from lpt.errors import DataError, ModelError, QuantizationError
 from lpt.execute import CrossCheck, check_samples, cross_check, run_plan
 from lpt.export.int8 import ExportReport, to_standard_int8
 from lpt.graph.fake_quantize_op import is_fake_quantize
@@ -35,6 +43,8 @@ from lpt.normalize import normalize
 from lpt.summary import OpPrecision, op_precisions, summarize
 from lpt.transformations.pipeline import transform
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class QuantizeReport:
@@ -43,6 +53,8 @@ class QuantizeReport:
     check: CrossCheck
     agreement: Comparison  # the reference (fp32, or the FQ model) vs lpt's int8 run on the data
     seconds: dict[str, float] = field(default_factory=dict)
+    accuracy_control: AccuracyControlReport | None = None  # with max_drop / min_sqnr: what was reverted
+    data: dict | None = None  # a folder of images or audio: its files, preprocessing and files skipped as bad
 
     @property
     def int8_ops(self) -> int:
@@ -54,7 +66,8 @@ class QuantizeReport:
             c = self.calibration
             calibration = {"preset": c.preset, "estimator": c.estimator, "fake_quantizes": c.fake_quantizes,
                            "left_f32": [{"node": s.node, "op": s.op_type, "reason": s.reason} for s in c.left_f32],
-                           "samples": c.samples, "bias_corrected": list(c.bias_corrected)}
+                           "samples": c.samples, "bias_corrected": list(c.bias_corrected),
+                           "overflow_fix": c.overflow_fix, "narrowed": [dict(n.__dict__) for n in c.narrowed]}
         return {
             "calibration": calibration,
             "ops": {k: sum(p.precision == k for p in self.precisions)
@@ -67,6 +80,8 @@ class QuantizeReport:
                             "outputs": [o.__dict__ for o in self.check.outputs]},
             "agreement": self.agreement.to_dict(),
             "seconds": self.seconds,
+            "accuracy_control": None if self.accuracy_control is None else self.accuracy_control.to_dict(),
+            "data": self.data,
         }
 
 
@@ -110,7 +125,9 @@ class QuantizeResult:
 def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | None = None,
              estimator: str | None = None, subset_size: int = 300, ignore=(), bias_correction: bool = True,
              recalibrate: bool = False, skip_nonfinite: bool = False, quiet: bool = True,
-             on_stage=None, batch_axes: dict[str, int | None] | None = None) -> QuantizeResult:
+             on_stage=None, batch_axes: dict[str, int | None] | None = None, max_drop: float | None = None,
+             min_sqnr: float | None = None, max_time: float | None = DEFAULT_MAX_TIME, labels: str | None = None,
+             eval_data=None, overflow_fix: str | None = None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
     `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
@@ -120,6 +137,15 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     NaN/Inf are refused, or skipped with `skip_nonfinite`. `batch_axes` ({input name: axis, or
     None for a fixed input}) overrides the batch axes guessed from the model (see
     lpt.calibration.data). `on_stage(name)` is called as each stage starts (the CLI shows it).
+    `overflow_fix` (auto, none, first, all; default: calibrate's) says which weights go to 7 bits so
+    that AVX2's int16 pair sums cannot saturate (lpt.calibration.overflow_fix).
+
+    Accuracy control (lpt.calibration.accuracy_control): with `max_drop` (top-1 points; `labels` is
+    the key of the labels in the evaluation data) or `min_sqnr` (dB, the worst output against fp32),
+    the layers whose quantization costs most are reverted to f32, the fewest that meet the target on
+    every sample of `eval_data` (default: `data`, calibration samples included), within `max_time`
+    seconds (None: no limit); the model is returned even when the target is missed, and
+    report.accuracy_control says so.
     """
     seconds: dict[str, float] = {}
     stage = on_stage or (lambda name: None)
@@ -131,37 +157,74 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         seconds[name] = time.perf_counter() - start
         return value
 
+    if max_drop is not None or min_sqnr is not None:
+        check_options(max_drop, min_sqnr, labels, max_time)  # before any work, not after calibrating
     if data is None:
         if not isinstance(model, (str, os.PathLike)):
             raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")
         data = data_beside(model)
     original = timed("load", _load, model)
+    # a folder of images or audio: its preprocessing (given, recorded in the model, or inferred) and labels
+    data = open_data(data, original, labels=labels if _is_csv(labels) else None, batch_axes=batch_axes)
+    # what calibrates and runs, and the labels beside it (a .npz's key, a folder's classes), if any
+    inputs, data_labels = _inputs_and_labels(data, labels, [v.name for v in original.graph.inputs], eval_data)
     fq_model = clone(original)
     normalize(fq_model)
     # Fake-quantized, or quantized in a form lpt runs as it is (DynamicQuantizeLinear + ConvInteger).
     already_quantized = bool(summarize(fq_model).fake_quantized) or any(
         n.op_type in QUANTIZED_OPS for n in ir.traversal.RecursiveGraphIterator(fq_model.graph))
-    calibration = None
+    calibration = accuracy_control = None
     if not already_quantized or recalibrate:
-        options = {k: v for k, v in (("preset", preset), ("estimator", estimator)) if v is not None}
+        options = {k: v for k, v in (("preset", preset), ("estimator", estimator), ("overflow_fix", overflow_fix))
+                   if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
-        result = timed("calibrate", calibrate, fp32, data, subset_size=subset_size, ignore=ignore,
+        result = timed("calibrate", calibrate, fp32, inputs, subset_size=subset_size, ignore=ignore,
                        skip_nonfinite=skip_nonfinite, batch_axes=batch_axes,
                        bias_correction=bias_correction, quiet=quiet, **options)
         fq_model, calibration, reference = result.model, result.report, fp32
         normalize(fq_model)
+        if max_drop is not None or min_sqnr is not None:
+            if eval_data is None:
+                logger.warning("accuracy control evaluates on the calibration data: pass eval_data (--eval-data) "
+                               "for held-out samples")
+            control = timed("accuracy control", control_accuracy, fp32, result,
+                            data if eval_data is None else eval_data, max_drop=max_drop, min_sqnr=min_sqnr,
+                            labels=labels, max_time=max_time, batch_axes=batch_axes)
+            fq_model, accuracy_control = control.model, control.report
+    elif max_drop is not None or min_sqnr is not None:
+        raise QuantizationError("max_drop / min_sqnr revert the FQs lpt calibrated: give an fp32 model, or "
+                                "recalibrate=True (--recalibrate)")
     else:
         reference = fq_model
+    record_preprocess(fq_model, data)  # the FQ model remembers a folder's preprocessing
     int8_model = clone(fq_model)
     timed("transform", transform, int8_model)
     plan = timed("compile", compile_model, int8_model)
-    dataset = CalibrationData(data, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite,
+    dataset = CalibrationData(inputs, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite,
                               batch_axes=batch_axes)
     check = timed("cross-check", cross_check, fq_model, int8_model, plan, check_samples(dataset))
-    # compare reads the data once: the first `subset_size` samples, as one dict
-    agreement = timed("run", compare, reference, fq_model, dataset.collect(), batch_axes=batch_axes)
-    report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds)
+    # compare reads the data once: the first `subset_size` samples, as one dict (with their labels, if any)
+    collected = dataset.collect()
+    agreement = timed("run", compare, reference, fq_model, collected, batch_axes=batch_axes,
+                      labels=None if data_labels is None else np.asarray(list(data_labels[:dataset.count])))
+    report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds,
+                            accuracy_control, data.summary() if isinstance(data, FolderSource) else None)
     return QuantizeResult(fq_model, int8_model, plan, report, reference, batch_axes)
+
+
+def _is_csv(labels) -> bool:
+    return isinstance(labels, (str, os.PathLike)) and str(labels).lower().endswith(".csv")
+
+
+def _inputs_and_labels(data, labels, input_names: list[str], eval_data):
+    """(the inputs, their labels or None): split_labels, where `labels` may be the key of labels that
+    only the evaluation data holds (accuracy control), and a folder brings its own."""
+    try:
+        return split_labels(data, None if _is_csv(labels) else labels, input_names)
+    except DataError:
+        if labels is None or eval_data is None:
+            raise
+        return split_labels(data, None, input_names)
 
 
 def _load(model) -> ir.Model:

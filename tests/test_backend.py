@@ -24,7 +24,8 @@ def test_plan_runs_the_int8_chains_on_kernels(int8_net):
     assert kinds[0] == (("QuantizeLinear",), "int8 kernel")
     assert (("ConvInteger", "Cast", "Mul", "Add", "Relu", "QuantizeLinear"), "int8 kernel") in kinds
     assert (("MatMulInteger", "Cast", "Mul", "Add"), "int8 kernel") in kinds
-    assert plan.fallback_ops() == {"Flatten": 1}
+    assert (("Flatten",), "int8 kernel") in kinds  # a reshape of the integers
+    assert not plan.fallback_ops()
 
 
 def test_plan_matches_the_exact_reference_on_the_same_int8_graph_bit_for_bit(int8_net):

@@ -147,7 +147,7 @@ def exactness():
     cases.append(("extreme: src 255, w all -128", xe, np.full_like(we, -128), 1, 1, 0))
     cases.append(("random 3x3 stride 2 p1", x, w3, 2, 1, 0))
 
-    print(f"\n== exactness (share of int32 outputs != exact int64 reference, max |diff|)")
+    print("\n== exactness (share of int32 outputs != exact int64 reference, max |diff|)")
     for name, x, w, s, p, zp in cases:
         ref = conv_ref(x, w, s, p, zp)
         c = OneDNNConv(w, x.shape, s, p, zp)
@@ -186,7 +186,6 @@ def timeit(fn, iters=50, warm=5):
 
 
 def ort_convinteger(x, w, s, p, zp):
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from functools import partial
 
 import logging
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -32,41 +33,49 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.chains import (INTEGER_TYPES, attribute, only_consumer, optional_constant, quantized_next,
                                 read_int8_layer, read_quantization)
+from lpt.backend.emulation import saturating_layer_function
 from lpt.backend.step import Int8Layer, Step
 from lpt.graph.constants import const_array
+from lpt.kernels.quantize import integer_container
 from lpt.transformations.dequantization import Dequantization
 
 _POOLS = ("AveragePool", "GlobalAveragePool")
 logger = logging.getLogger(__name__)
 
 
-def _step(run, inputs, nodes, outputs=None, layer: Int8Layer | None = None,
-          engine: str = "") -> tuple[Step, list[ir.Node]]:
+def _step(run, inputs, nodes, outputs=None, layer: Int8Layer | None = None, engine: str = "",
+          native: tuple | None = None) -> tuple[Step, list[ir.Node]]:
     outputs = outputs or [nodes[-1].outputs[0]]
-    return (Step(run, tuple(v.name for v in inputs), tuple(v.name for v in outputs),
-                 tuple(n.name for n in nodes), tuple(n.op_type for n in nodes), "int8 kernel", layer, engine), nodes)
+    return (Step(run, tuple(v.name for v in inputs), tuple(v.name for v in outputs), tuple(n.name for n in nodes),
+                 tuple(n.op_type for n in nodes), "int8 kernel", layer, engine, native), nodes)
 
 
-def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True) -> tuple[Step, list[ir.Node]] | None:
+def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
+                  emulate: str | None = None) -> tuple[Step, list[ir.Node]] | None:
     """A kernel step starting at `node` and the nodes it covers, or None (the node falls back).
 
     `threads` is for the integer GEMM (0: one per core). With `native`, int8 layers run on lpt's
-    oneDNN engine where it takes them (lpt.native), else on lpt's NumPy/MLAS kernels.
+    oneDNN engine where it takes them (lpt.native), else on lpt's NumPy/MLAS kernels. With
+    `emulate` ("avx2"), layers that CPU's kernels saturate compute as they do (lpt.backend.emulation).
     """
     if node.domain not in ("", "ai.onnx", "lpt"):
         return None
     integer_input = node.inputs and node.inputs[0] is not None and node.inputs[0].dtype in INTEGER_TYPES
     if (chain := read_int8_layer(node)) is not None:
         layer = chain[0]
-        run, engine = native_layer_function(layer, threads) if native else (None, "")
+        emulated = None
+        if emulate is not None:  # the exact accumulator from lpt's kernels, then the CPU's saturation
+            emulated = saturating_layer_function(layer, partial(layer_function, threads=threads), emulate)
+        run, engine = emulated or (native_layer_function(layer, threads) if native else (None, ""))
         if run is None:
             run, engine = layer_function(layer, threads)
-        return None if run is None else _step(run, _runtime_inputs(node, layer), chain[1], layer=layer, engine=engine)
+        return None if run is None else _step(run, _runtime_inputs(node, layer), chain[1], layer=layer, engine=engine,
+                                              native=getattr(run, "instruction", None))
     if (node.op_type, node.domain) in (("QuantizeLinear", ""), ("QuantizeLinear", "ai.onnx"), ("Quantize", "lpt")):
         return _quantize(node)
     if node.op_type == "Cast" and node.inputs[0].dtype in INTEGER_TYPES + (ir.DataType.INT32,):
         return _dequantize(node)
-    if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip"):
+    if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip", "Flatten"):
         return _integer_op(node)
     return None
 
@@ -107,7 +116,16 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
                                 relu is not None, **(fused or {}))
         return [joined if fused else quantization.quantize(joined, in_place=True)]
 
-    return _step(run, [dq.data for dq in branches], nodes)
+    instruction = None
+    if node.op_type != "Concat" and fused is not None and all(
+            np.size(p) == 1 for pair in parameters for p in pair if p is not None) and np.dtype(
+            integer_container(quantization.qmin, quantization.qmax)).itemsize == 1:
+        (scale1, shift1), (scale2, shift2) = [(float(np.reshape(s, ())), 0.0 if z is None else float(np.reshape(z, ())))
+                                              for s, z in parameters]
+        instruction = ("join", (node.op_type == "Mul", shift1, scale1, shift2, scale2, relu is not None,
+                                float(quantization.scale.reshape(())), int(quantization.zero_point.reshape(())),
+                                quantization.qmin, quantization.qmax, quantization.qmin < 0))
+    return _step(run, [dq.data for dq in branches], nodes, native=instruction)
 
 
 def _runtime_inputs(node: ir.Node, layer: Int8Layer) -> list[ir.Value]:
@@ -141,7 +159,11 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     except native.Unsupported as why:
         logger.debug("%s layer stays on lpt's kernels: %s", layer.op, why)
         return None, ""
-    return (lambda x: [operation(x)]), native.engine_name(operation.route)
+    def run(x):
+        return [operation(x)]
+
+    run.instruction = operation.instruction  # for lpt.backend.native_program
+    return run, native.engine_name(operation.route)
 
 
 def layer_function(layer: Int8Layer, threads: int = 0):
@@ -185,7 +207,13 @@ def layer_function(layer: Int8Layer, threads: int = 0):
 
 def _quantize(node: ir.Node):
     quantization = read_quantization(node)
-    return None if quantization is None else _step(lambda x: [quantization.quantize(x)], [node.inputs[0]], [node])
+    if quantization is None:
+        return None
+    instruction = None
+    if quantization.is_per_tensor and np.dtype(integer_container(quantization.qmin, quantization.qmax)).itemsize == 1:
+        instruction = ("quantize", (float(quantization.scale.reshape(())), int(quantization.zero_point.reshape(())),
+                                    quantization.qmin, quantization.qmax, quantization.qmin < 0))
+    return _step(lambda x: [quantization.quantize(x)], [node.inputs[0]], [node], native=instruction)
 
 
 def _dequantize(node: ir.Node):
@@ -239,6 +267,16 @@ def _average_pool(cast: ir.Node, nodes: list[ir.Node], scale: np.ndarray, shift:
     return _step(lambda q: [run(q)], [cast.inputs[0]], nodes + [quantize])
 
 
+def _max_pool_instruction(node: ir.Node) -> tuple | None:
+    """A 2-D MaxPool as an instruction of lpt.native's programs; other ranks stay Python steps."""
+    kernel = attribute(node, "kernel_shape")
+    if kernel is None or len(kernel) != 2:
+        return None
+    strides, dilations = attribute(node, "strides") or (1, 1), attribute(node, "dilations") or (1, 1)
+    pads = attribute(node, "pads") or (0, 0, 0, 0)
+    return ("max_pool", (tuple(kernel), tuple(strides), tuple(dilations), tuple(pads)))
+
+
 def _integer_op(node: ir.Node):
     x = node.inputs[0]
     if node.op_type == "MaxPool":
@@ -247,7 +285,15 @@ def _integer_op(node: ir.Node):
             return None
         run = partial(kernels.max_pool_q, kernel_shape=attribute(node, "kernel_shape"), strides=attribute(node, "strides"),
                       pads=attribute(node, "pads"), dilations=attribute(node, "dilations"))
-        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]])
+        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]], native=_max_pool_instruction(node))
+    if node.op_type == "Flatten":
+        axis = attribute(node, "axis", 1)
+
+        def flatten(q):
+            at = axis + q.ndim if axis < 0 else axis
+            return [q.reshape(math.prod(q.shape[:at]), math.prod(q.shape[at:]))]
+
+        return _step(flatten, [x], [node], native=("flatten", int(axis)))
     if node.op_type == "Relu":
         return _step(lambda q: [kernels.relu_q(q, 0)], [x], [node])
     if node.op_type == "Max" and len(node.inputs) == 2 and (zp := const_array(node.inputs[1])) is not None and zp.size == 1:

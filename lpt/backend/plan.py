@@ -18,10 +18,12 @@ import onnx
 import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
+from lpt.backend import native_program
 from lpt.backend.int8_steps import try_int8_step, try_join_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.step import Step
-from lpt.errors import DataError, ModelError
+from lpt.backend.emulation import EMULATIONS, Emulation
+from lpt.errors import DataError, LptError, ModelError
 from lpt.graph.constants import const_array
 from lpt.limits import bounded_threads
 
@@ -34,12 +36,15 @@ class Plan:
     inputs: list[str]
     outputs: list[str]
     constants: dict[str, np.ndarray]
-    _last_use: dict[str, int] = field(default_factory=dict)
+    # The steps as run: `steps` with runs of native steps fused into one call each (native_program)
+    run_steps: list[Step] | None = None
+    _last_use: dict[int, dict[str, int]] = field(default_factory=dict)  # id(step list) → name → last reader
 
     def __post_init__(self):
-        for index, step in enumerate(self.steps):
-            for name in step.inputs:
-                self._last_use[name] = index
+        if self.run_steps is None:
+            self.run_steps = self.steps
+        for steps in (self.steps, self.run_steps):
+            self._last_use[id(steps)] = {name: index for index, step in enumerate(steps) for name in step.inputs}
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
         """Outputs by name; with `keep`, every intermediate tensor too (for per-layer checks)."""
@@ -48,12 +53,14 @@ class Plan:
             raise DataError(f"missing input(s) {missing}; the model expects {self.inputs}")
         env = {**self.constants, **{n: feeds[n] for n in self.inputs}}
         outputs = set(self.outputs)
-        for index, step in enumerate(self.steps):
+        steps = self.steps if keep else self.run_steps
+        last_use = self._last_use[id(steps)]
+        for index, step in enumerate(steps):
             results = step.run(*[env[n] for n in step.inputs])
             env.update(zip(step.outputs, results))
             if not keep:
                 for name in set(step.inputs):  # a step may read one tensor twice (x·x)
-                    if self._last_use.get(name) == index and name not in outputs and name not in self.constants:
+                    if last_use.get(name) == index and name not in outputs and name not in self.constants:
                         del env[name]
         return env if keep else {n: env[n] for n in self.outputs}
 
@@ -84,12 +91,16 @@ def _typed(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def compile_model(model: ir.Model, threads: int = 0, native: bool = True) -> Plan:
+def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
+                  emulate: str | Emulation | None = None) -> Plan:
     """Resolve every node of `model` to a step: fused int8 chains on lpt's kernels, f32 regions on onnxruntime.
 
     `threads` is the thread count of the integer GEMM and of the onnxruntime sessions (0: one per core).
     With `native` (the default), int8 layers run on lpt's oneDNN engine where it takes them; without,
     every int8 step runs on lpt's NumPy/MLAS kernels, the readable reference the engine is checked against.
+    `emulate="avx2"` computes the int8 layers as onnxruntime's u8 × s8 kernels on an AVX2 CPU without
+    VNNI do, int16 pair saturation included (lpt.backend.emulation); such steps' `run.statistics`
+    says what saturated.
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
     over both branches; then every other node in order. What no int8 step claims stays in f32,
@@ -97,6 +108,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True) -> Pla
     """
     from lpt.model_io import used_domains
 
+    if emulate is not None and not isinstance(emulate, Emulation) and emulate not in EMULATIONS:
+        raise LptError(f"unknown emulation {emulate!r}: choose one of {', '.join(EMULATIONS)}")
     threads = bounded_threads(threads)
     model = _typed(model)
     graph = model.graph
@@ -120,7 +133,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True) -> Pla
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = try_int8_step(node, threads, native) or try_onnx_int8_step(node)
+        fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
         else:
@@ -137,7 +150,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True) -> Pla
         runner = RegionRunner(unit, opsets, constants, needed, threads)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))
-    plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants)
+    run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps
+    plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants, run_steps)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))
     return plan
 

@@ -103,4 +103,7 @@ class Step:
     backend: str  # "int8 kernel", "onnxruntime" or "onnx reference"
     layer: Int8Layer | None = None
     engine: str = ""  # what computes an int8 layer: "oneDNN (u8s8)", "lpt AVX2 (s16)", "MLAS (u8u8)", "numpy", ...
+    # The step as an instruction of lpt.native's programs, (kind, parameters), where it can be one;
+    # consecutive such steps run as one native call (lpt.backend.native_program).
+    native: tuple | None = None
 

@@ -34,18 +34,23 @@ from onnx_ir.passes.common import NameFixPass
 from lpt.calibration.bias_correction import apply_shifts, bias_shifts, bias_targets
 from lpt.calibration.config import (
     DEFAULT_ESTIMATOR,
+    DEFAULT_OVERFLOW_FIX,
     DEFAULT_PRESET,
     ActivationScheme,
     CalibrationConfig,
     Estimator,
+    OverflowFix,
     Preset,
     WeightScheme,
 )
 from lpt.calibration.data import CalibrationData, InputSpec, input_specs
 from lpt.calibration.insertion import fake_quantizes, insert
+from lpt.calibration.overflow_fix import (MAX_ROUNDS, NarrowedLayer, channel_masks, describe, merge, narrow,
+                                          saturating_channels)
 from lpt.calibration.placement import ACTIVATION, Placement, QuantizationPoint, Skipped, place
 from lpt.calibration.range_search import search_ranges
 from lpt.calibration.steps import Statistics, collect_statistics, estimate_ranges
+from lpt.data.sources import open_data, record_preprocess
 from lpt.errors import ModelError
 from lpt.graph.fake_quantize_op import FakeQuantize
 from lpt.graph.ops import QUANTIZED_OPS
@@ -73,6 +78,8 @@ class CalibrationReport:
     skipped_samples: int  # dropped for NaN/Inf
     bias_corrected: tuple[str, ...]  # layers whose bias was shifted
     seconds: float
+    overflow_fix: str = "none"
+    narrowed: tuple[NarrowedLayer, ...] = ()  # weights whose channels the overflow fix narrowed, and the cost
 
     @property
     def fake_quantizes(self) -> dict[str, int]:
@@ -89,13 +96,17 @@ class CalibrationResult:
     placement: Placement
     statistics: Statistics  # what the data pass collected, by tensor and layer name: enough to apply again
     ranges: dict[str, tuple[float, float]]  # the activation ranges chosen, by tensor name (before Concat groups)
+    config: CalibrationConfig | None = None  # what the steps after the data pass were run with
+    # The overflow fix's narrowed weights by name (True: 7 bits; else qmax per channel):
+    # overflow_fix.narrow(fake_quantizes(...), narrowed) gives the FQs calibrate inserted.
+    narrowed: dict | None = None
 
 
 def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str = DEFAULT_PRESET,
               estimator: Estimator | str = DEFAULT_ESTIMATOR, subset_size: int = 300, ignore=(),
               bias_correction: bool = True, skip_nonfinite: bool = False, quiet: bool = False,
-              config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None
-              ) -> CalibrationResult:
+              config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None,
+              overflow_fix: OverflowFix | str = DEFAULT_OVERFLOW_FIX) -> CalibrationResult:
     """Fake-quantize an fp32 `model` with ranges calibrated on `data`; the model given is not modified.
 
     `data`: a .npz/.npy path or a folder of them, a dict of arrays, an iterable of such dicts, or
@@ -103,7 +114,10 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     activations, the default) or "performance" (symmetric); `estimator`: minmax (default),
     mean_minmax, percentile, mse, kl or auto (range_search: per tensor, the candidate with the least
     error at its readers' outputs, a second pass over the data); `ignore`: node names, ``re:REGEX`` or op types to leave
-    in f32; `subset_size`: at most that many samples; `quiet`: no progress bar. `config` (a
+    in f32; `subset_size`: at most that many samples; `quiet`: no progress bar; `overflow_fix`: auto
+    (default), none, first or all, which weights get a coarser grid so that AVX2's int16 pair sums do
+    not saturate (lpt.calibration.overflow_fix; auto runs the int8 graph on the data as such a CPU
+    does, one to three more passes). `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
     input shapes (state [2, N, 128] → 1, a scalar → None). Bad data raises DataError, a model that
@@ -113,8 +127,10 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     if config is None:
         config = CalibrationConfig(preset=preset, estimator=estimator, subset_size=subset_size,
                                    ignore=tuple([ignore] if isinstance(ignore, str) else ignore),
-                                   bias_correction=bias_correction, skip_nonfinite=skip_nonfinite)
+                                   bias_correction=bias_correction, skip_nonfinite=skip_nonfinite,
+                                   overflow_fix=overflow_fix)
     working = _working_copy(model)
+    data = open_data(data, working, batch_axes=batch_axes)  # a folder of images or audio: see lpt.data
     dataset = CalibrationData(data, input_specs(working), subset_size=config.subset_size,
                               batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite,
                               batch_axes=batch_axes)
@@ -124,11 +140,18 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         ranges = search_ranges(working, placement, statistics, dataset, config, quiet=quiet)
     else:
         ranges = estimate_ranges(statistics, config)
-    fqs = fake_quantizes(placement, ranges, config.activations, config.weights)
-    targets = bias_targets(placement.layers) if config.bias_correction else []
-    shifts = bias_shifts(targets, statistics.input_means, fqs, statistics.activations)  # before insert rewires inputs
-    insert(working, fqs)
-    corrected = apply_shifts(working, targets, shifts)
+    calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
+    masks = channel_masks(config.overflow_fix, placement)  # 7-bit weight channels; auto: from the data, below
+    fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
+    for _ in range(MAX_ROUNDS if config.overflow_fix == OverflowFix.AUTO else 0):
+        masks, grew = merge(masks, saturating_channels(working, placement, dataset, masks, fqs, quiet=quiet))
+        if not grew:
+            break
+        working = _working_copy(model)  # narrowed from a fresh copy: the steps after the data pass again
+        placement = place(working, config.ignore)
+        calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
+        fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
+    record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
     left_f32 = list(placement.skipped)
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]
 
@@ -137,9 +160,18 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         tensors=tuple(_describe(p, fq) for p, fq in fqs.items()), left_f32=tuple(left_f32),
         samples=dataset.count, skipped_samples=dataset.skipped, bias_corrected=tuple(corrected),
         seconds=time.perf_counter() - start,
+        overflow_fix=config.overflow_fix.value, narrowed=describe(calibrated, fqs, masks),
     )
     logger.info("calibrated on %d samples: %s in %.2f s", dataset.count, report.fake_quantizes, report.seconds)
-    return CalibrationResult(working, report, placement, statistics, ranges)
+    return CalibrationResult(working, report, placement, statistics, ranges, config, masks)
+
+
+def _apply(working: ir.Model, placement: Placement, fqs: dict, statistics: Statistics, config: CalibrationConfig):
+    """The steps after the data pass, in place on `working`: bias shifts for `fqs`, insert, shift. (fqs, corrected)"""
+    targets = bias_targets(placement.layers) if config.bias_correction else []
+    shifts = bias_shifts(targets, statistics.input_means, fqs, statistics.activations)  # before insert rewires inputs
+    insert(working, fqs)
+    return fqs, apply_shifts(working, targets, shifts)
 
 
 def _working_copy(model) -> ir.Model:
@@ -168,6 +200,7 @@ def _describe(point: QuantizationPoint, fq: FakeQuantize) -> FakeQuantizedTensor
 
 __all__ = [
     "ACTIVATION", "ActivationScheme", "CalibrationConfig", "CalibrationData", "CalibrationReport",
-    "CalibrationResult", "DEFAULT_ESTIMATOR", "DEFAULT_PRESET", "Estimator", "FakeQuantizedTensor", "InputSpec",
-    "Placement", "Preset", "QuantizationPoint", "Skipped", "WeightScheme", "calibrate", "input_specs", "place",
+    "CalibrationResult", "DEFAULT_ESTIMATOR", "DEFAULT_OVERFLOW_FIX", "DEFAULT_PRESET", "Estimator",
+    "FakeQuantizedTensor", "InputSpec", "NarrowedLayer", "OverflowFix", "Placement", "Preset", "QuantizationPoint",
+    "Skipped", "WeightScheme", "calibrate", "input_specs", "place",
 ]

@@ -38,6 +38,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import paths
+from lpt.data.sources import DataSource, FolderSource, open_data
 from lpt.errors import DataError, size_text
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,14 @@ def split_labels(data, labels: str | None, input_names: list[str]):
     `labels`; a key named "labels" that is not an input (a test file's, when none are asked
     for) is left out. An .npz stays on disk, read a batch at a time (NpzMembers when keys are left
     out); only the labels are read whole, after their header. There must be one label per sample:
-    as many as the inputs hold on axis 0."""
+    as many as the inputs hold on axis 0. A DataSource (lpt.data: a folder, lpt.Dataset) brings its
+    own labels, filled as its samples are read; `labels` may also be the labels themselves (an array)."""
+    if isinstance(data, DataSource):  # class subfolders, a CSV, or lpt.Dataset's label(item)
+        if data.labels is None and isinstance(labels, str) and not labels.lower().endswith(".csv"):
+            raise DataError(f"{_label(data)}: holds no labels (--labels {labels!r} is a key of a .npz)")
+        return data, data.labels
+    if labels is not None and not isinstance(labels, str):
+        return split_labels(data, None, input_names)[0], np.asarray(labels)
     if isinstance(data, (str, os.PathLike)) and str(data).endswith(".npz") and Path(data).is_file():
         path = Path(data)
         keys = _npz_keys(path)
@@ -294,6 +302,8 @@ class CalibrationData:
         self.batch_size = fixed.pop() if fixed else batch_size
         self.skip_nonfinite = skip_nonfinite
         self.source = source() if callable(source) and not isinstance(source, (str, os.PathLike)) else source
+        # a folder of images or audio (preprocessing inferred from the input shapes), an onnxruntime reader
+        self.source = open_data(self.source, specs=self.specs)
         self.label = _label(self.source)
         self.count = 0
         self.skipped = 0
@@ -530,7 +540,9 @@ def _take(pending: list[dict[str, np.ndarray]], n: int):
 
 
 def _chunks(source, specs: dict[str, InputSpec], rows: int) -> Iterator:
-    if isinstance(source, NpzMembers):
+    if isinstance(source, DataSource):  # lpt.data: folders of images or audio, lpt.Dataset, readers
+        yield from source.chunks(specs, rows)
+    elif isinstance(source, NpzMembers):
         yield from _npz_chunks(source.path, specs, rows, source.without)
     elif isinstance(source, (str, os.PathLike)):
         yield from _path_chunks(Path(source), specs, rows)
@@ -760,6 +772,8 @@ def _read_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
 def _known_length(source, specs: dict[str, InputSpec]) -> int | None:
     """How many samples a source holds, if that can be known without reading it."""
     try:
+        if isinstance(source, DataSource):
+            return source.length()
         if isinstance(source, NpzMembers):
             return _file_length(source.path, specs, source.without)
         if isinstance(source, (str, os.PathLike)):
@@ -798,7 +812,7 @@ def _file_length(path: Path, specs: dict[str, InputSpec], without: frozenset[str
 
 
 def _label(source) -> str:
-    if isinstance(source, (str, os.PathLike, NpzMembers)):
+    if isinstance(source, (str, os.PathLike, NpzMembers, FolderSource)):
         return str(source)
     return "the data"
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "integer_ops.h"
 #include "s16.h"
 
 using namespace dnnl;
@@ -65,6 +66,8 @@ stream &thread_stream() {
 constexpr int64_t PARALLEL_WORK = 1 << 15;  // values below which a loop of ours runs on one thread
 
 enum class Dst { f32, u8, s8, s32 };  // s32: the accumulators themselves
+
+size_t item_size(Dst dst) { return dst == Dst::u8 || dst == Dst::s8 ? 1 : 4; }
 
 struct OutputStage {
     std::vector<float> multiplier;  // [C]
@@ -529,7 +532,7 @@ Layout layout_of(const Py_buffer &v) {
 
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src, Dst dst,
-             bool channels_last_out, Py_buffer &out) {
+             bool channels_last_out, void *out, size_t out_bytes) {
     const lpt_s16::Geometry &g = op.geometry;
     // conv [N, C, (H,) W]; matmul [M, K]: one image one row high and M wide, channels-last
     const bool conv = op.kind == Kind::conv;
@@ -537,18 +540,79 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                   w = conv ? dims.back() : dims[0];
     const int64_t positions = conv ? g.out_h(h) * g.out_w(w) : w;
     const size_t items = (size_t)(images * positions * op.out_channels);
-    if ((size_t)out.len != items * out.itemsize) throw std::invalid_argument("out does not have the output's size");
+    if (out_bytes != items * item_size(dst)) throw std::invalid_argument("out does not have the output's size");
     op.wide.resize(lpt_s16::widened_size(g, images, h, w));
     op.acc.resize(items);
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
                    op.wide.data(), op.threads);
     lpt_s16::convolve(op.wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
     finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels, conv && !channels_last_out,
-              out.buf, op.threads);
+              out, op.threads);
     op.last_impl = "lpt:s16_avx2";
     if (items * sizeof(int32_t) + op.wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) {
         std::vector<int16_t>().swap(op.wide);
         std::vector<int32_t>().swap(op.acc);
+    }
+}
+
+// One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
+// with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
+void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src, Dst dst,
+             bool channels_last_out, void *out, size_t out_bytes) {
+    std::lock_guard<std::mutex> guard(op.lock);
+    if (op.route == Route::s16) {
+        run_s16(op, src, dims, channels_last, signed_src, dst, channels_last_out, out, out_bytes);
+        return;
+    }
+    Prepared &p = prepare(op, dims, signed_src);
+    const int64_t images = dims[0];
+    int64_t positions = 1;
+    for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
+    const uint8_t *data = src;
+    const size_t src_bytes = p.src.get_desc().get_size();
+    const size_t out_items = p.accumulators;
+    p.acc_hi.resize(out_items);
+    if (op.route == Route::split) p.acc_lo.resize(out_items);
+    if (out_bytes != out_items * item_size(dst))
+        throw std::invalid_argument("out does not have the output's size");
+    // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
+    if (op.kind == Kind::conv && !channels_last && dims[1] > 1 && positions > 1) {
+        p.src_scratch.resize(src_bytes);
+        to_channels_last(data, p.src_scratch.data(), images, dims[1], positions, signed_src ? 0x80 : 0,
+                         op.threads);
+        data = p.src_scratch.data();
+    } else if (signed_src) {
+        p.src_scratch.resize(src_bytes);
+        flip_signs(data, p.src_scratch.data(), (int64_t)src_bytes, op.threads);
+        data = p.src_scratch.data();
+    }
+    omp_set_num_threads(op.threads);
+    p.src.set_data_handle(const_cast<uint8_t *>(data));
+    p.dst_hi.set_data_handle(p.acc_hi.data());
+    std::unordered_map<int, memory> arguments{
+            {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights_hi}, {DNNL_ARG_DST, p.dst_hi}};
+    if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
+    p.prim.execute(thread_stream(), arguments);
+    if (op.route == Route::split) {
+        p.dst_lo.set_data_handle(p.acc_lo.data());
+        arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
+        arguments[DNNL_ARG_DST] = p.dst_lo;
+        p.prim.execute(thread_stream(), arguments);
+    }
+    thread_stream().wait();
+    const int32_t *lo = op.route == Route::split ? p.acc_lo.data() : nullptr;
+    const int64_t channels = op.out_channels;
+    // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
+    const int64_t out_images = op.kind == Kind::conv ? images : 1;
+    const int64_t out_positions = (int64_t)out_items / (out_images * channels);
+    const bool channels_first = op.kind == Kind::conv && !channels_last_out;
+    finish_as(dst, op.stage, p.acc_hi.data(), lo, out_images, out_positions, channels, channels_first,
+              out, op.threads);
+    if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
+        // a large batch's scratch would stay allocated in every layer: give it back
+        std::vector<int32_t>().swap(p.acc_hi);
+        std::vector<int32_t>().swap(p.acc_lo);
+        std::vector<uint8_t>().swap(p.src_scratch);
     }
 }
 
@@ -603,64 +667,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
     std::string error;
     Py_BEGIN_ALLOW_THREADS;
     try {
-        std::lock_guard<std::mutex> guard(op->lock);
-        const bool signed_src = sf == 'b';
-        if (op->route == Route::s16) {
-            run_s16(*op, static_cast<const uint8_t *>(v.buf), dims, layout == Layout::channels_last, signed_src, dst,
-                    channels_last_out, out.view);
-        } else {
-        Prepared &p = prepare(*op, dims, signed_src);
-        const int64_t images = dims[0];
-        int64_t positions = 1;
-        for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
-        const uint8_t *data = static_cast<const uint8_t *>(v.buf);
-        const size_t src_bytes = p.src.get_desc().get_size();
-        const size_t out_items = p.accumulators;
-        p.acc_hi.resize(out_items);
-        if (op->route == Route::split) p.acc_lo.resize(out_items);
-        if ((size_t)out.view.len != out_items * out.view.itemsize)
-            throw std::invalid_argument("out does not have the output's size");
-        // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
-        if (op->kind == Kind::conv && layout == Layout::channels_first && dims[1] > 1 &&
-            positions > 1) {
-            p.src_scratch.resize(src_bytes);
-            to_channels_last(data, p.src_scratch.data(), images, dims[1], positions, signed_src ? 0x80 : 0,
-                             op->threads);
-            data = p.src_scratch.data();
-        } else if (signed_src) {
-            p.src_scratch.resize(src_bytes);
-            flip_signs(data, p.src_scratch.data(), (int64_t)src_bytes, op->threads);
-            data = p.src_scratch.data();
-        }
-        omp_set_num_threads(op->threads);
-        p.src.set_data_handle(const_cast<uint8_t *>(data));
-        p.dst_hi.set_data_handle(p.acc_hi.data());
-        std::unordered_map<int, memory> arguments{
-                {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights_hi}, {DNNL_ARG_DST, p.dst_hi}};
-        if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
-        p.prim.execute(thread_stream(), arguments);
-        if (op->route == Route::split) {
-            p.dst_lo.set_data_handle(p.acc_lo.data());
-            arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
-            arguments[DNNL_ARG_DST] = p.dst_lo;
-            p.prim.execute(thread_stream(), arguments);
-        }
-        thread_stream().wait();
-        const int32_t *lo = op->route == Route::split ? p.acc_lo.data() : nullptr;
-        const int64_t channels = op->out_channels;
-        // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
-        const int64_t out_images = op->kind == Kind::conv ? images : 1;
-        const int64_t out_positions = (int64_t)out_items / (out_images * channels);
-        const bool channels_first = op->kind == Kind::conv && !channels_last_out;
-        finish_as(dst, op->stage, p.acc_hi.data(), lo, out_images, out_positions, channels, channels_first,
-                  out.view.buf, op->threads);
-        if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
-            // a large batch's scratch would stay allocated in every layer: give it back
-            std::vector<int32_t>().swap(p.acc_hi);
-            std::vector<int32_t>().swap(p.acc_lo);
-            std::vector<uint8_t>().swap(p.src_scratch);
-        }
-        }
+        execute(*op, static_cast<const uint8_t *>(v.buf), dims, layout == Layout::channels_last, sf == 'b', dst,
+                channels_last_out, out.view.buf, (size_t)out.view.len);
     } catch (const dnnl::error &e) {
         error = std::string("oneDNN: ") + e.what();
     } catch (const std::exception &e) {
@@ -672,6 +680,359 @@ PyObject *py_run(PyObject *, PyObject *args) {
         return nullptr;
     }
     Py_RETURN_NONE;
+}
+
+// ---------------------------------------------------------------- programs
+//
+// A program runs a sequence of a plan's steps in one call (lpt/native/program.py builds it): int8
+// layers (prepared operations), quantize, max pool, joins and flattens, on buffers it owns between
+// runs, so Python is not entered between steps. Every instruction computes what lpt's step does,
+// bit for bit (integer_ops.h, and execute() above). Convolutions leave their outputs channels-last,
+// the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
+// the program's outputs see channels-first values, as the steps do.
+
+enum class Code { quantize, layer, max_pool, join, flatten };
+
+struct Instruction {
+    Code code;
+    std::vector<int> in;
+    int out = 0;
+    Operation *operation = nullptr;  // layer
+    PyObject *capsule = nullptr;     // layer: a reference that keeps `operation` alive
+    lpt_ops::Pool pool{};            // max_pool
+    bool multiply = false, relu = false, signed_out = false;  // join; quantize and join: the output's type
+    float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
+    int zero_point = 0, qmin = 0, qmax = 255;
+    int64_t axis = 1;  // flatten
+};
+
+struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and where its values are
+    std::vector<int64_t> dims;  // as the step sees them: [N, C, *spatial]
+    char type = 'f';
+    bool channels_last = false;  // the values lie as [N, *spatial, C]
+    const void *data = nullptr;
+    std::vector<unsigned char> storage;  // the slot's own memory (an input or a flatten points elsewhere)
+    int64_t count() const {
+        int64_t n = 1;
+        for (auto d : dims) n *= d;
+        return n;
+    }
+    int64_t positions() const {
+        int64_t n = 1;
+        for (size_t i = 2; i < dims.size(); ++i) n *= dims[i];
+        return n;
+    }
+    int item() const { return type == 'f' ? 4 : 1; }
+    bool transposed() const {  // channels-last in memory, and not also channels-first (one channel or position)
+        return channels_last && dims.size() > 2 && dims[1] > 1 && positions() > 1;
+    }
+    // The values channels-first (into `to`, which must hold count() items) or channels-last.
+    void channels_first_into(void *to, int threads) const {
+        lpt_ops::transpose(data, to, dims[0], positions(), dims[1], item(), threads);
+    }
+    void channels_last_into(void *to, int threads) const {
+        lpt_ops::transpose(data, to, dims[0], dims[1], positions(), item(), threads);
+    }
+    void *allocate(char t, int64_t items) {
+        type = t;
+        storage.resize((size_t)items * (t == 'f' ? 4 : 1));
+        data = storage.data();
+        return storage.data();
+    }
+};
+
+struct Program {
+    std::vector<Instruction> code;
+    std::vector<int> inputs, outputs;
+    std::vector<Slot> slots;
+    std::vector<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
+    int threads = 1;
+    std::mutex lock;
+    ~Program() {
+        for (auto &i : code) Py_XDECREF(i.capsule);
+    }
+};
+
+const char *PROGRAM_CAPSULE = "lpt.native._engine.Program";
+constexpr size_t KEEP_PROGRAM_BYTES = 32u << 20;
+
+struct Unsupported : std::runtime_error {  // what lpt's step-by-step path runs instead (program.py)
+    using std::runtime_error::runtime_error;
+};
+
+std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
+    std::vector<int64_t> dims = {src[0], op.out_channels};
+    if (op.kind == Kind::matmul) {
+        dims = std::vector<int64_t>(src.begin(), src.end() - 1);
+        dims.push_back(op.out_channels);
+        return dims;
+    }
+    const size_t spatial = src.size() - 2;
+    for (size_t i = 0; i < spatial; ++i) {
+        const int64_t k = op.weight_dims[op.weight_dims.size() - spatial + i];
+        const int64_t extent = (k - 1) * (op.dilations[i] + 1) + 1;
+        dims.push_back((src[2 + i] + op.pads_begin[i] + op.pads_end[i] - extent) / op.strides[i] + 1);
+    }
+    return dims;
+}
+
+void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<unsigned char> &scratch) {
+    Operation &op = *ins.operation;
+    if (src.type == 'f') throw Unsupported("a layer reads float32");
+    const int expected_rank = op.kind == Kind::conv ? (int)op.weight_dims.size() - (op.groups > 1 ? 1 : 0) : -1;
+    if ((op.kind == Kind::conv && (int)src.dims.size() != expected_rank) || src.dims.size() < 2 ||
+        (op.kind == Kind::conv ? src.dims[1] : src.dims.back()) != op.in_channels)
+        throw Unsupported("a layer's source does not fit its weights");
+    out.dims = layer_output_dims(op, src.dims);
+    const Dst dst = op.stage.dst;
+    const char type = dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b';
+    void *o = out.allocate(type, out.count());
+    const bool signed_src = src.type == 'b';
+    const uint8_t *in = static_cast<const uint8_t *>(src.data);
+    out.channels_last = op.kind == Kind::conv;
+    if (op.kind == Kind::matmul) {
+        if (src.transposed()) {  // a matmul reads its last axis: the channels-first order's
+            scratch.resize(src.count());
+            src.channels_first_into(scratch.data(), op.threads);
+            in = scratch.data();
+        }
+        const int64_t rows = src.count() / op.in_channels;
+        if (rows) execute(op, in, {rows, op.in_channels}, false, signed_src, dst, false, o, (size_t)(out.count() * item_size(dst)));
+        return;
+    }
+    // a few images at a time, within the scratch Conv._run allows itself (operations.py: SCRATCH_BYTES)
+    const int64_t images = src.dims[0], in_image = src.count() / std::max<int64_t>(images, 1),
+                  out_image = out.count() / std::max<int64_t>(images, 1);
+    const int64_t chunk = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(1, 3 * in_image + 8 * out_image));
+    for (int64_t first = 0; first < images; first += chunk) {
+        const int64_t count = std::min(chunk, images - first);
+        memory::dims dims(src.dims.begin(), src.dims.end());
+        dims[0] = count;
+        execute(op, in + first * in_image, dims, src.transposed(), signed_src, dst, true,
+                static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)));
+    }
+}
+
+void step(Program &program, const Instruction &ins) {
+    std::vector<Slot> &slots = program.slots;
+    Slot &out = slots[ins.out];
+    const Slot &a = slots[ins.in[0]];
+    out.channels_last = false;
+    switch (ins.code) {
+        case Code::layer: run_layer(ins, a, out, program.scratch); break;
+        case Code::quantize: {
+            if (a.type != 'f') throw Unsupported("a quantize reads integers");
+            out.dims = a.dims;
+            out.channels_last = a.channels_last;
+            void *o = out.allocate(ins.signed_out ? 'b' : 'B', a.count());
+            lpt_ops::quantize(static_cast<const float *>(a.data), a.count(), ins.scale, ins.zero_point, ins.qmin,
+                              ins.qmax, o, ins.signed_out, program.threads);
+            break;
+        }
+        case Code::max_pool: {
+            if (a.type == 'f' || a.dims.size() != 4) throw Unsupported("max pool on other than 8-bit [N, C, H, W]");
+            const int64_t h = a.dims[2], w = a.dims[3];
+            out.dims = {a.dims[0], a.dims[1], ins.pool.out_h(h), ins.pool.out_w(w)};
+            void *o = out.allocate(a.type, out.count());
+            out.channels_last = a.transposed();
+            if (out.channels_last)
+                lpt_ops::max_pool_channels_last(a.data, a.type == 'b', a.dims[0], a.dims[1], h, w, ins.pool, o,
+                                                program.threads);
+            else
+                lpt_ops::max_pool(a.data, a.type == 'b', a.dims[0] * a.dims[1], h, w, ins.pool, o, program.threads);
+            break;
+        }
+        case Code::join: {
+            const Slot &b = slots[ins.in[1]];
+            if (a.type == 'f' || b.type == 'f' || a.dims != b.dims) throw Unsupported("a join of other than equal 8-bit shapes");
+            out.dims = a.dims;
+            out.channels_last = a.transposed();
+            const void *b_data = b.data;  // b in a's layout
+            if (b.transposed() != a.transposed()) {
+                program.scratch.resize(b.count());
+                if (a.transposed()) b.channels_last_into(program.scratch.data(), program.threads);
+                else b.channels_first_into(program.scratch.data(), program.threads);
+                b_data = program.scratch.data();
+            }
+            void *o = out.allocate(ins.signed_out ? 'b' : 'B', a.count());
+            lpt_ops::join(a.data, a.type == 'b', b_data, b.type == 'b', a.count(), ins.multiply, ins.a_shift,
+                          ins.a_scale, ins.b_shift, ins.b_scale, ins.relu, ins.scale, ins.zero_point, ins.qmin,
+                          ins.qmax, o, ins.signed_out, program.threads);
+            break;
+        }
+        case Code::flatten: {
+            const int64_t axis = ins.axis < 0 ? ins.axis + (int64_t)a.dims.size() : ins.axis;
+            if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
+            int64_t outer = 1;
+            for (int64_t i = 0; i < axis; ++i) outer *= a.dims[i];
+            const std::vector<int64_t> dims = {outer, outer ? a.count() / outer : 0};
+            if (a.transposed()) {  // flattened in the channels-first order
+                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
+            } else {
+                out.type = a.type;
+                out.data = a.data;  // a view: the slot it reads lives until the run ends
+            }
+            out.dims = dims;
+            break;
+        }
+    }
+}
+
+PyObject *py_program(PyObject *, PyObject *args) {
+    PyObject *code_o, *inputs_o, *outputs_o;
+    int slot_count, threads;
+    if (!PyArg_ParseTuple(args, "OiOOi", &code_o, &slot_count, &inputs_o, &outputs_o, &threads)) return nullptr;
+    auto program = std::make_unique<Program>();
+    try {
+        program->threads = std::max(1, threads);
+        program->slots.resize(slot_count);
+        for (auto v : int_sequence(inputs_o, "inputs")) program->inputs.push_back((int)v);
+        for (auto v : int_sequence(outputs_o, "outputs")) program->outputs.push_back((int)v);
+        PyObject *iterator = PyObject_GetIter(code_o);
+        if (!iterator) return nullptr;
+        while (PyObject *item = PyIter_Next(iterator)) {
+            Instruction ins;
+            const char *kind = nullptr;
+            PyObject *in_o = nullptr, *extra = nullptr;
+            const bool ok = PyArg_ParseTuple(item, "sOiO", &kind, &in_o, &ins.out, &extra);
+            Py_DECREF(item);
+            if (!ok) {
+                Py_DECREF(iterator);
+                return nullptr;
+            }
+            for (auto v : int_sequence(in_o, "instruction inputs")) ins.in.push_back((int)v);
+            const std::string k(kind);
+            bool parsed = true;
+            if (k == "layer") {
+                ins.code = Code::layer;
+                ins.operation = operation(extra);
+                parsed = ins.operation != nullptr;
+                if (parsed) {
+                    ins.capsule = extra;
+                    Py_INCREF(extra);
+                }
+            } else if (k == "quantize") {
+                int signed_out;
+                ins.code = Code::quantize;
+                parsed = PyArg_ParseTuple(extra, "fiiip", &ins.scale, &ins.zero_point, &ins.qmin, &ins.qmax, &signed_out);
+                ins.signed_out = signed_out;
+            } else if (k == "join") {
+                int multiply, relu, signed_out;
+                ins.code = Code::join;
+                parsed = PyArg_ParseTuple(extra, "pffffpfiiip", &multiply, &ins.a_shift, &ins.a_scale, &ins.b_shift,
+                                          &ins.b_scale, &relu, &ins.scale, &ins.zero_point, &ins.qmin, &ins.qmax,
+                                          &signed_out);
+                ins.multiply = multiply, ins.relu = relu, ins.signed_out = signed_out;
+            } else if (k == "max_pool") {
+                ins.code = Code::max_pool;
+                lpt_ops::Pool &p = ins.pool;
+                parsed = PyArg_ParseTuple(extra, "(LL)(LL)(LL)(LLLL)", &p.kernel_h, &p.kernel_w, &p.stride_h, &p.stride_w,
+                                          &p.dilation_h, &p.dilation_w, &p.pad_top, &p.pad_left, &p.pad_bottom,
+                                          &p.pad_right);
+            } else if (k == "flatten") {
+                ins.code = Code::flatten;
+                ins.axis = PyLong_AsLongLong(extra);
+                parsed = !PyErr_Occurred();
+            } else {
+                Py_DECREF(iterator);
+                throw std::invalid_argument("unknown instruction '" + k + "'");
+            }
+            if (!parsed) {
+                Py_DECREF(iterator);
+                return nullptr;
+            }
+            for (int slot : ins.in)
+                if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
+            if (ins.out < 0 || ins.out >= slot_count || (ins.in.size() != (ins.code == Code::join ? 2u : 1u)))
+                throw std::invalid_argument("an instruction's slots do not fit it");
+            program->code.push_back(std::move(ins));
+        }
+        Py_DECREF(iterator);
+        if (PyErr_Occurred()) return nullptr;
+    } catch (const std::exception &e) {
+        return fail(e);
+    }
+    return PyCapsule_New(program.release(), PROGRAM_CAPSULE, [](PyObject *c) {
+        delete static_cast<Program *>(PyCapsule_GetPointer(c, PROGRAM_CAPSULE));
+    });
+}
+
+const char PROGRAM_RUN_DOC[] =
+    "program_run(program, arrays) -> [(bytearray, shape, format)]\n\n"
+    "arrays: the program's inputs, C-contiguous float32/uint8/int8. Raises NotImplementedError where an\n"
+    "instruction does not take what it meets (lpt runs the steps one by one then).";
+
+PyObject *py_program_run(PyObject *, PyObject *args) {
+    PyObject *capsule, *arrays_o;
+    if (!PyArg_ParseTuple(args, "OO", &capsule, &arrays_o)) return nullptr;
+    auto *program = static_cast<Program *>(PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE));
+    if (!program) return nullptr;
+    const Py_ssize_t count = PySequence_Size(arrays_o);
+    if (count != (Py_ssize_t)program->inputs.size()) {
+        PyErr_SetString(PyExc_ValueError, "program_run: wrong number of inputs");
+        return nullptr;
+    }
+    std::vector<Buffer> buffers(count);
+    std::lock_guard<std::mutex> guard(program->lock);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        PyObject *array = PySequence_GetItem(arrays_o, i);
+        const bool ok = array && buffers[i].get(array, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
+        Py_XDECREF(array);  // the buffer holds its own reference
+        if (!ok) return nullptr;
+        Slot &slot = program->slots[program->inputs[i]];
+        const Py_buffer &v = buffers[i].view;
+        slot.type = buffers[i].format();
+        if (slot.type != 'f' && slot.type != 'B' && slot.type != 'b') {
+            PyErr_SetString(PyExc_NotImplementedError, "program_run: an input other than float32, uint8, int8");
+            return nullptr;
+        }
+        slot.dims.assign(v.shape, v.shape + v.ndim);
+        slot.data = v.buf;
+    }
+    std::string error;
+    bool unsupported = false;
+    Py_BEGIN_ALLOW_THREADS;
+    try {
+        for (const auto &ins : program->code) step(*program, ins);
+    } catch (const Unsupported &e) {
+        error = e.what();
+        unsupported = true;
+    } catch (const dnnl::error &e) {
+        error = std::string("oneDNN: ") + e.what();
+    } catch (const std::exception &e) {
+        error = e.what();
+    }
+    Py_END_ALLOW_THREADS;
+    PyObject *results = error.empty() ? PyList_New(0) : nullptr;
+    for (size_t i = 0; results && i < program->outputs.size(); ++i) {
+        const Slot &slot = program->slots[program->outputs[i]];
+        const Py_ssize_t bytes = (Py_ssize_t)(slot.count() * (slot.type == 'f' ? 4 : 1));
+        PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
+        PyObject *shape = PyTuple_New((Py_ssize_t)slot.dims.size());
+        if (data && shape) {
+            if (slot.transposed()) slot.channels_first_into(PyByteArray_AsString(data), 1);
+            else if (bytes) std::memcpy(PyByteArray_AsString(data), slot.data, bytes);
+            for (size_t d = 0; d < slot.dims.size(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(slot.dims[d]));
+        }
+        PyObject *entry = data && shape ? Py_BuildValue("(OOC)", data, shape, slot.type) : nullptr;
+        Py_XDECREF(data);
+        Py_XDECREF(shape);
+        if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
+        Py_XDECREF(entry);
+    }
+    // The buffers stay allocated for the next run, up to KEEP_PROGRAM_BYTES in all: a large batch's
+    // would stay in every slot otherwise.
+    size_t kept = program->scratch.capacity();
+    for (const auto &slot : program->slots) kept += slot.storage.capacity();
+    for (auto &slot : program->slots) {
+        slot.data = nullptr;  // inputs are the caller's
+        slot.channels_last = false;
+        if (kept > KEEP_PROGRAM_BYTES) std::vector<unsigned char>().swap(slot.storage);
+    }
+    if (kept > KEEP_PROGRAM_BYTES) std::vector<unsigned char>().swap(program->scratch);
+    if (!error.empty())
+        PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
+    return results;
 }
 
 PyObject *py_implementation(PyObject *, PyObject *args) {
@@ -696,6 +1057,8 @@ PyMethodDef methods[] = {
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
+        {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
+        {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",

@@ -80,6 +80,11 @@ class _Operation:
                        int(np.asarray(dst_zero_point).reshape(())), int(qmin), int(qmax))
 
     @property
+    def instruction(self) -> tuple:
+        """This operation as an instruction of a native program (lpt.native.program)."""
+        return ("layer", self._operation)
+
+    @property
     def implementation(self) -> str:
         """The oneDNN implementation of the primitive last prepared (e.g. brg:avx512_core_vnni), '' before a run."""
         return engine.implementation(self._operation)

@@ -1,0 +1,170 @@
+// lpt/native/integer_ops.h. Built with -ffp-contract=off and without -ffast-math, as _engine.cpp,
+// so each float32 operation rounds once, as numpy's do.
+
+#include "integer_ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace lpt_ops {
+namespace {
+
+constexpr int64_t PARALLEL_WORK = 1 << 16;  // values below which a loop runs on one thread
+constexpr int64_t BLOCK = 4096;
+
+// rint for |y| ≤ 2^22: the float32 add rounds half to even (lpt/kernels/_elementwise.c).
+inline float round_half_even(float y) { return (y + 12582912.0f) - 12582912.0f; }
+
+// x = saturate(rint(x / scale) + zp) in place: fmax, fmin (a NaN gives the bound), rint, + zp.
+inline void quantize_block(float *x, int64_t n, float scale, int zero_point, int qmin, int qmax) {
+    const float zp = (float)zero_point, low = (float)(qmin - zero_point), high = (float)(qmax - zero_point);
+    for (int64_t i = 0; i < n; ++i) {
+        float y = x[i] / scale;
+        y = y >= low ? y : low;
+        y = y <= high ? y : high;
+        x[i] = round_half_even(y) + zp;
+    }
+}
+
+inline void store_block(const float *levels, int64_t n, void *out, bool signed_out) {
+    if (signed_out)
+        for (int64_t i = 0; i < n; ++i) static_cast<int8_t *>(out)[i] = (int8_t)(int)levels[i];
+    else
+        for (int64_t i = 0; i < n; ++i) static_cast<uint8_t *>(out)[i] = (uint8_t)(int)levels[i];
+}
+
+inline void load_block(const void *q, bool is_signed, int64_t n, float *x) {
+    if (is_signed)
+        for (int64_t i = 0; i < n; ++i) x[i] = (float)static_cast<const int8_t *>(q)[i];
+    else
+        for (int64_t i = 0; i < n; ++i) x[i] = (float)static_cast<const uint8_t *>(q)[i];
+}
+
+template <typename T>
+void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Pool &p, T *out, int threads) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
+    for (int64_t plane = 0; plane < planes; ++plane) {
+        const T *in = src + plane * h * w;
+        T *o = out + plane * oh * ow;
+        for (int64_t y = 0; y < oh; ++y)
+            for (int64_t x = 0; x < ow; ++x) {
+                T best = std::numeric_limits<T>::min();  // the padding's value: it can tie, never win
+                for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                    const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
+                    if (iy < 0 || iy >= h) continue;
+                    for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                        const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
+                        if (ix >= 0 && ix < w) best = std::max(best, in[iy * w + ix]);
+                    }
+                }
+                o[y * ow + x] = best;
+            }
+    }
+}
+
+template <typename T>
+void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels, int64_t h, int64_t w, const Pool &p,
+                                  T *out, int threads) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
+    for (int64_t row = 0; row < images * oh; ++row) {
+        const int64_t n = row / oh, y = row % oh;
+        for (int64_t x = 0; x < ow; ++x) {
+            T *o = out + ((n * oh + y) * ow + x) * channels;
+            std::fill(o, o + channels, std::numeric_limits<T>::min());
+            for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
+                if (iy < 0 || iy >= h) continue;
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                    const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
+                    if (ix < 0 || ix >= w) continue;
+                    const T *in = src + ((n * h + iy) * w + ix) * channels;
+                    for (int64_t c = 0; c < channels; ++c) o[c] = std::max(o[c], in[c]);
+                }
+            }
+        }
+    }
+}
+
+template <typename T>
+void transpose_typed(const T *src, T *dst, int64_t images, int64_t rows, int64_t columns, int threads) {
+    constexpr int64_t TILE = 32;
+    const int64_t row_tiles = (rows + TILE - 1) / TILE;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * rows * columns >= PARALLEL_WORK)
+    for (int64_t t = 0; t < images * row_tiles; ++t) {
+        const int64_t n = t / row_tiles, r0 = (t % row_tiles) * TILE, r1 = std::min(rows, r0 + TILE);
+        const T *in = src + n * rows * columns;
+        T *out = dst + n * rows * columns;
+        for (int64_t c0 = 0; c0 < columns; c0 += TILE)
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t c = c0; c < std::min(columns, c0 + TILE); ++c) out[c * rows + r] = in[r * columns + c];
+    }
+}
+
+}  // namespace
+
+void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int64_t channels, int64_t h, int64_t w,
+                            const Pool &pool, void *out, int threads) {
+    if (is_signed)
+        max_pool_channels_last_typed(static_cast<const int8_t *>(src), images, channels, h, w, pool,
+                                     static_cast<int8_t *>(out), threads);
+    else
+        max_pool_channels_last_typed(static_cast<const uint8_t *>(src), images, channels, h, w, pool,
+                                     static_cast<uint8_t *>(out), threads);
+}
+
+void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t columns, int item, int threads) {
+    if (item == 1)
+        transpose_typed(static_cast<const uint8_t *>(src), static_cast<uint8_t *>(dst), images, rows, columns, threads);
+    else
+        transpose_typed(static_cast<const uint32_t *>(src), static_cast<uint32_t *>(dst), images, rows, columns, threads);
+}
+
+void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
+              int threads) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
+    for (int64_t b = 0; b < blocks; ++b) {
+        float levels[BLOCK];
+        const int64_t start = b * BLOCK, count = std::min(BLOCK, n - start);
+        std::copy(x + start, x + start + count, levels);
+        quantize_block(levels, count, scale, zero_point, qmin, qmax);
+        store_block(levels, count, static_cast<char *>(out) + start, signed_out);
+    }
+}
+
+void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
+          float a_scale, float b_shift, float b_scale, bool relu, float scale, int zero_point, int qmin, int qmax,
+          void *out, bool signed_out, int threads) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
+    for (int64_t k = 0; k < blocks; ++k) {
+        float x[BLOCK], y[BLOCK];
+        const int64_t start = k * BLOCK, count = std::min(BLOCK, n - start);
+        load_block(static_cast<const char *>(a) + start, a_signed, count, x);
+        load_block(static_cast<const char *>(b) + start, b_signed, count, y);
+        for (int64_t i = 0; i < count; ++i) x[i] = (x[i] - a_shift) * a_scale;
+        for (int64_t i = 0; i < count; ++i) y[i] = (y[i] - b_shift) * b_scale;
+        if (multiply)
+            for (int64_t i = 0; i < count; ++i) x[i] = x[i] * y[i];
+        else
+            for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
+        if (relu)
+            for (int64_t i = 0; i < count; ++i) x[i] = x[i] < 0.0f ? 0.0f : x[i];
+        quantize_block(x, count, scale, zero_point, qmin, qmax);
+        store_block(x, count, static_cast<char *>(out) + start, signed_out);
+    }
+}
+
+void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
+              int threads) {
+    if (is_signed)
+        max_pool_typed(static_cast<const int8_t *>(src), planes, h, w, pool, static_cast<int8_t *>(out), threads);
+    else
+        max_pool_typed(static_cast<const uint8_t *>(src), planes, h, w, pool, static_cast<uint8_t *>(out), threads);
+}
+
+}  // namespace lpt_ops

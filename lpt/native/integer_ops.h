@@ -1,0 +1,35 @@
+// The integer steps between lpt's int8 layers, for lpt/native's programs: exactly lpt's NumPy/C
+// kernels (lpt/kernels/quantize.py, pooling.py, elementwise.py and _elementwise.c), in the same
+// float32 operations and order. They know nothing of graphs: arrays in, arrays out.
+#pragma once
+
+#include <cstdint>
+
+namespace lpt_ops {
+
+// q = saturate(rint(x / scale) + zero_point) (ONNX QuantizeLinear, per tensor), into uint8 or int8.
+void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
+              int threads);
+
+// x = (q_a − a_shift)·a_scale + (or ·) (q_b − b_shift)·b_scale, then max(x, 0) with relu, then quantize.
+void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
+          float a_scale, float b_shift, float b_scale, bool relu, float scale, int zero_point, int qmin, int qmax,
+          void *out, bool signed_out, int threads);
+
+// ONNX MaxPool (2-D, floor mode) on uint8 or int8 [images, channels, h, w]; the padding never wins.
+struct Pool {
+    int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, pad_bottom, pad_right;
+    int64_t out_h(int64_t h) const { return (h + pad_top + pad_bottom - (kernel_h - 1) * dilation_h - 1) / stride_h + 1; }
+    int64_t out_w(int64_t w) const { return (w + pad_left + pad_right - (kernel_w - 1) * dilation_w - 1) / stride_w + 1; }
+};
+void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
+              int threads);
+// The same on channels-last [images, h, w, channels].
+void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int64_t channels, int64_t h, int64_t w,
+                            const Pool &pool, void *out, int threads);
+
+// [images, rows, columns] → [images, columns, rows], items of `item` bytes (1 or 4): between
+// channels-first [N, C, positions] and channels-last [N, positions, C].
+void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t columns, int item, int threads);
+
+}  // namespace lpt_ops

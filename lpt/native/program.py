@@ -1,0 +1,49 @@
+"""A run of a plan's steps as one call into the native engine, on buffers it owns between runs.
+
+    program = Program([("quantize", ["x"], "q", (0.1, 128, 0, 255, False)),
+                       ("layer", ["q"], "y", conv.instruction[1]),
+                       ("max_pool", ["y"], "p", ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)))],
+                      inputs=["x"], outputs=["p"], threads=2)
+    [pooled] = program(x)
+
+Instructions (the `native` descriptions lpt.backend.int8_steps gives its steps): "layer" (a
+prepared lpt.native Conv or MatMul), "quantize" (scale, zero point, qmin, qmax, signed),
+"join" (an Add or Mul of two dequantized 8-bit tensors, Relu, quantize), "max_pool" (2-D) and
+"flatten" (axis). Each computes what the step computes in Python, bit for bit. Where an
+instruction meets what it does not take (a float tensor where it expects integers, joins of
+different shapes), the call raises `Unsupported` and nothing is returned: the caller runs the
+steps one by one instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lpt.native._library import engine
+from lpt.native.operations import Unsupported
+
+_DTYPES = {"f": np.dtype(np.float32), "B": np.dtype(np.uint8), "b": np.dtype(np.int8)}
+
+
+class Program:
+    def __init__(self, instructions, inputs: list[str], outputs: list[str], threads: int):
+        if engine is None:
+            raise Unsupported("the native engine is not available")
+        slots = {name: index for index, name in enumerate(inputs)}
+        code = []
+        for kind, reads, writes, parameters in instructions:
+            read_slots = [slots[name] for name in reads]  # every input is made before it is read
+            slots[writes] = slots.get(writes, len(slots))
+            code.append((kind, read_slots, slots[writes], parameters))
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self._program = engine.program(code, len(slots), [slots[n] for n in inputs], [slots[n] for n in outputs],
+                                       threads)
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The outputs, in order. Raises Unsupported where an instruction does not take its input."""
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        try:
+            results = engine.program_run(self._program, arrays)
+        except NotImplementedError as why:
+            raise Unsupported(str(why)) from None
+        return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]

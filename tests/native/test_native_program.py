@@ -1,0 +1,188 @@
+"""lpt.native.program: runs of plan steps in one native call, bit for bit what the steps compute one by one."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper, numpy_helper
+
+import lpt
+import lpt.native
+from lpt.backend import compile_model
+from lpt.backend.native_program import ENGINE
+from lpt.kernels.elementwise import join_q
+from lpt.kernels.pooling import max_pool_q
+from lpt.kernels.quantize import quantize
+from lpt.model_io import clone, read_model
+from lpt.native import Unsupported
+from lpt.native.program import Program
+from lpt.transformations.pipeline import transform
+from tests.transformations.test_pipeline import conv_net
+
+MODELS = "models"
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(0.05, 128, 0, 255), (0.5, 3, 0, 255), (0.1, 0, -127, 127),
+                                                   (0.25, -5, -128, 127), (1.0, 0, 0, 15)]))
+def test_quantize_equals_lpts_quantize(seed, parameters):
+    """Ties (x/scale = k + 0.5), NaN, ±inf and values far outside the range included."""
+    scale, zero_point, qmin, qmax = parameters
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(-400, 400, 1000) * np.float32(scale) / 2).astype(np.float32)  # many exact ties
+    x[:3] = (np.nan, np.inf, -np.inf)
+    x = np.concatenate([x, rng.normal(0, 30, 5000).astype(np.float32)]).reshape(2, 3, -1)
+    signed = qmin < 0
+    program = Program([("quantize", ["x"], "q", (scale, zero_point, qmin, qmax, signed))], ["x"], ["q"], threads=2)
+    assert same_bits(program(x)[0], quantize(x, scale, zero_point, qmin, qmax))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.sampled_from([np.uint8, np.int8]),
+       st.sampled_from([np.uint8, np.int8]))
+def test_join_equals_lpts_join(seed, multiply, relu, a_type, b_type):
+    rng = np.random.default_rng(seed)
+    shape = (2, 5, 33, 17)
+    a = rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, shape).astype(a_type)
+    b = rng.integers(np.iinfo(b_type).min, np.iinfo(b_type).max + 1, shape).astype(b_type)
+    a_shift, a_scale, b_shift, b_scale = 3.0, 0.02, -7.0, 0.035
+    dst = dict(dst_scale=np.float32(0.05 if not multiply else 0.2), dst_zero_point=np.int32(17), qmin=0, qmax=255)
+    expected = join_q(multiply, a, a_shift, np.float32(a_scale), b, b_shift, np.float32(b_scale), relu, **dst)
+    program = Program([("join", ["a", "b"], "y", (multiply, a_shift, a_scale, b_shift, b_scale, relu,
+                                                   float(dst["dst_scale"]), 17, 0, 255, False))],
+                      ["a", "b"], ["y"], threads=2)
+    assert same_bits(program(a, b)[0], expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
+       st.integers(1, 2), st.integers(0, 2), st.sampled_from([np.uint8, np.int8]))
+def test_max_pool_equals_lpts_max_pool(seed, kh, kw, sh, sw, dilation, pad, dtype):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (2, 3, 11, 9)).astype(dtype)
+    pads = (min(pad, kh - 1), min(pad, kw - 1), pad and kh - 1, 0)  # ONNX: a pad smaller than the kernel
+    window = ((kh, kw), (sh, sw), (dilation, dilation), pads)
+    program = Program([("max_pool", ["q"], "y", window)], ["q"], ["y"], threads=2)
+    expected = max_pool_q(q, (kh, kw), (sh, sw), pads, (dilation, dilation))
+    assert same_bits(program(q)[0], expected)
+
+
+def test_an_instruction_that_does_not_take_its_input_raises_unsupported():
+    program = Program([("max_pool", ["q"], "y", ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)))], ["q"], ["y"], threads=1)
+    with pytest.raises(Unsupported, match="max pool"):
+        program(np.zeros((1, 1, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "conv_net"])
+def test_a_plan_runs_its_int8_body_as_one_native_call_with_the_same_bits(name, tmp_path):
+    if name == "conv_net":
+        _, model = conv_net()
+        lpt.transform(model)
+        feeds = {"x": np.random.default_rng(1).uniform(-3, 3, (3, 3, 8, 8)).astype(np.float32)}
+    else:
+        result = lpt.quantize(f"{MODELS}/digits_cnn.onnx", subset_size=16)
+        result.save(tmp_path / "digits_cnn")
+        model = read_model(tmp_path / "digits_cnn.int8.onnx")
+        feeds = {"input": np.load(f"{MODELS}/digits_cnn.test.npz")["input"][:9]}
+    plan = compile_model(model, threads=2)
+    programs = [s for s in plan.run_steps if s.engine == ENGINE]
+    assert programs and len(plan.run_steps) < len(plan.steps)
+    fused = plan.run(feeds)
+    one_by_one = plan.run(feeds, keep=True)
+    kernels_only = compile_model(model, threads=1, native=False).run(feeds)
+    for output in plan.outputs:
+        assert same_bits(fused[output], one_by_one[output])
+        assert same_bits(fused[output], kernels_only[output])
+
+
+def test_a_program_that_meets_an_input_it_does_not_take_gives_way_to_its_steps():
+    """The conv_net plan fed integers where it expects float32: the program's quantize refuses them, and
+    the steps run one by one (numpy casts them), as the plan without programs does."""
+    _, model = conv_net()
+    lpt.transform(model)
+    plan = compile_model(model, threads=1)
+    assert plan.run_steps[0].engine == ENGINE
+    feeds = {"x": np.random.default_rng(2).integers(-3, 4, (2, 3, 8, 8)).astype(np.int8)}
+    expected = compile_model(model, threads=1, native=False).run(feeds)
+    for _ in range(2):  # the first run falls back, the second starts there
+        ours = plan.run(feeds)
+        for output in plan.outputs:
+            assert same_bits(ours[output], expected[output])
+
+
+def residual_net() -> onnx.ModelProto:
+    """A small ResNet: an Add of the input and a convolution of it (f32: the input feeds both), a stem,
+    max pool, two residual blocks (one with a 1×1 projection), a classifier."""
+    rng = np.random.default_rng(5)
+    nodes, weights = [], []
+
+    def conv(x, cin, cout, kernel, stride=1, relu=True):
+        name = f"conv{len(weights)}"
+        weights.append(numpy_helper.from_array(
+            rng.normal(0, np.sqrt(2 / (cin * kernel * kernel)), (cout, cin, kernel, kernel)).astype(np.float32), name + ".w"))
+        weights.append(numpy_helper.from_array(rng.normal(0, 0.1, cout).astype(np.float32), name + ".b"))
+        nodes.append(helper.make_node("Conv", [x, name + ".w", name + ".b"], [name], kernel_shape=[kernel] * 2,
+                                      strides=[stride] * 2, pads=[kernel // 2] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [name], [name + ".relu"]))
+            return name + ".relu"
+        return name
+
+    def add(a, b, name):
+        nodes.extend([helper.make_node("Add", [a, b], [name]), helper.make_node("Relu", [name], [name + ".relu"])])
+        return name + ".relu"
+
+    x = add("x", conv("x", 3, 3, 3), "mixed")
+    x = conv(x, 3, 8, 3, stride=2)
+    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
+    x = add(conv(conv("pool", 8, 8, 3), 8, 8, 3, relu=False), "pool", "block1")
+    x = add(conv(conv(x, 8, 16, 3, stride=2), 16, 16, 3, relu=False), conv(x, 8, 16, 1, stride=2, relu=False), "block2")
+    weights.append(numpy_helper.from_array(rng.normal(0, 0.1, (10, 16 * 4 * 4)).astype(np.float32), "fc.w"))
+    nodes += [helper.make_node("Flatten", [x], ["flat"]), helper.make_node("Gemm", ["flat", "fc.w"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", 1, ["N", 3, 32, 32])],
+                              [helper.make_tensor_value_info("y", 1, ["N", 10])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_residual_joins_run_natively_with_the_same_bits():
+    fp32 = ir.serde.deserialize_model(residual_net())
+    rng = np.random.default_rng(6)
+    fq = lpt.calibrate(fp32, {"x": rng.uniform(-2, 2, (16, 3, 32, 32)).astype(np.float32)}, quiet=True).model
+    model = clone(fq)
+    transform(model)
+    plan = compile_model(model, threads=2)
+    fused = {node for s in plan.run_steps if s.engine == ENGINE for node in s.nodes}
+    natively = {s.native[0] for s in plan.steps if s.native and set(s.nodes) <= fused}
+    assert natively == {"quantize", "layer", "join", "max_pool", "flatten"}
+    assert sum(s.native is not None and s.native[0] == "join" for s in plan.steps) == 2  # the blocks' Adds
+    feeds = {"x": rng.uniform(-2, 2, (3, 3, 32, 32)).astype(np.float32)}
+    fused, one_by_one = plan.run(feeds), plan.run(feeds, keep=True)
+    kernels_only = compile_model(model, threads=1, native=False).run(feeds)
+    assert same_bits(fused["y"], one_by_one["y"]) and same_bits(fused["y"], kernels_only["y"])
+
+
+def test_a_join_of_channels_first_and_channels_last_tensors():
+    """A quantized input (channels-first) joined with a convolution's output (left channels-last)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 1, (2, 4, 9, 7)).astype(np.float32)
+    conv = lpt.native.Conv(rng.integers(-127, 128, (4, 4, 3, 3)).astype(np.int8), pads=(1, 1, 1, 1),
+                           src_zero_point=128, multiplier=np.float32(0.001), dst_scale=np.float32(0.05),
+                           dst_zero_point=100, dst_dtype=np.uint8)
+    join = (False, 128.0, 0.02, 100.0, 0.05, True, 0.04, 0, 0, 255, False)
+    program = Program([("quantize", ["x"], "q", (0.02, 128, 0, 255, False)), ("layer", ["q"], "c", conv.instruction[1]),
+                       ("join", ["q", "c"], "y", join), ("join", ["c", "q"], "z", join)], ["x"], ["y", "z"], threads=2)
+    q = quantize(x, np.float32(0.02), 128, 0, 255)
+    c = conv(q)
+    y, z = program(x)
+    expected = dict(dst_scale=np.float32(0.04), dst_zero_point=np.int32(0), qmin=0, qmax=255)
+    assert same_bits(y, join_q(False, q, 128.0, np.float32(0.02), c, 100.0, np.float32(0.05), True, **expected))
+    assert same_bits(z, join_q(False, c, 128.0, np.float32(0.02), q, 100.0, np.float32(0.05), True, **expected))
