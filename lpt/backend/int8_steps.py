@@ -55,7 +55,7 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
     """A kernel step starting at `node` and the nodes it covers, or None (the node falls back).
 
     `threads` is for the integer GEMM (0: one per core). With `native`, int8 layers run on lpt's
-    oneDNN engine where it takes them (lpt.native), else on lpt's NumPy/MLAS kernels. With
+    native engine where it takes them (lpt.native), else on lpt's NumPy/MLAS kernels. With
     `emulate` ("avx2"), layers that CPU's kernels saturate compute as they do (lpt.backend.emulation).
     """
     if node.domain not in ("", "ai.onnx", "lpt"):
@@ -159,6 +159,7 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     except native.Unsupported as why:
         logger.debug("%s layer stays on lpt's kernels: %s", layer.op, why)
         return None, ""
+
     def run(x):
         return [operation(x)]
 

@@ -890,16 +890,17 @@ PyObject *py_program(PyObject *, PyObject *args) {
         for (auto v : int_sequence(outputs_o, "outputs")) program->outputs.push_back((int)v);
         PyObject *iterator = PyObject_GetIter(code_o);
         if (!iterator) return nullptr;
+        struct Release {  // the iterator, on every way out
+            PyObject *o;
+            ~Release() { Py_DECREF(o); }
+        } release{iterator};
         while (PyObject *item = PyIter_Next(iterator)) {
             Instruction ins;
             const char *kind = nullptr;
             PyObject *in_o = nullptr, *extra = nullptr;
             const bool ok = PyArg_ParseTuple(item, "sOiO", &kind, &in_o, &ins.out, &extra);
             Py_DECREF(item);
-            if (!ok) {
-                Py_DECREF(iterator);
-                return nullptr;
-            }
+            if (!ok) return nullptr;
             for (auto v : int_sequence(in_o, "instruction inputs")) ins.in.push_back((int)v);
             const std::string k(kind);
             bool parsed = true;
@@ -934,20 +935,15 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.axis = PyLong_AsLongLong(extra);
                 parsed = !PyErr_Occurred();
             } else {
-                Py_DECREF(iterator);
                 throw std::invalid_argument("unknown instruction '" + k + "'");
             }
-            if (!parsed) {
-                Py_DECREF(iterator);
-                return nullptr;
-            }
+            if (!parsed) return nullptr;
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
             if (ins.out < 0 || ins.out >= slot_count || (ins.in.size() != (ins.code == Code::join ? 2u : 1u)))
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));
         }
-        Py_DECREF(iterator);
         if (PyErr_Occurred()) return nullptr;
     } catch (const std::exception &e) {
         return fail(e);
