@@ -580,7 +580,7 @@ def _path_chunks(path: Path, specs: dict[str, InputSpec], rows: int) -> Iterator
 def _data_files(folder: Path) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.suffix in (".npz", ".npy") and p.is_file())
     if not files:
-        raise DataError(f"{folder}: no .npz or .npy files in this folder")
+        raise DataError(f"{folder}: no .npz or .npy files, images or audio files in this folder")
     return files
 
 

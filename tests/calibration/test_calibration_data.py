@@ -104,7 +104,7 @@ def test_an_empty_dataset_is_refused(tmp_path):
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 1, 8, 8), np.float32))
     assert error(tmp_path / "empty.npz") == f"empty dataset: {tmp_path / 'empty.npz'} holds no samples"
     (tmp_path / "nothing").mkdir()
-    assert error(tmp_path / "nothing") == f"{tmp_path / 'nothing'}: no .npz or .npy files in this folder"
+    assert error(tmp_path / "nothing") == f"{tmp_path / 'nothing'}: no .npz or .npy files, images or audio files in this folder"
     assert error([]) == "empty dataset: the data holds no samples"
 
 
