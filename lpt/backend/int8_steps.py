@@ -13,11 +13,14 @@
     MaxPool, Relu, Max(zero point), Clip on integers  integer kernels;
     Add|Mul|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
                                                       argument scaling: each branch dequantized
-                                                      with its own scale, joined, requantized.
+                                                      with its own scale, joined, requantized
+                                                      (Add|Mul without a quantize: to f32);
+    GlobalAveragePool on f32 after an int8 step       the mean in a fixed order (kernels.pooling).
 
 Every step computes the same f32 operations, in the same order, as the ONNX nodes it replaces,
 so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests) — except
-the integer average, which rounds once where the graph rounds twice (at most 1 LSB apart).
+the integer average, which rounds once where the graph rounds twice (at most 1 LSB apart), and the
+f32 global average, which adds in its own order (the last bits of an f32 value).
 """
 
 from __future__ import annotations
@@ -81,7 +84,10 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
 
 
 def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
-    """Add, Mul or Concat of dequantized 8-bit branches followed by a quantize: one step from integers to integers."""
+    """Add, Mul or Concat of dequantized 8-bit branches followed by a quantize: one step from integers to integers.
+
+    An Add or Mul that no quantize follows (a residual block's last Add before a global pool, say)
+    is a step from integers to float32, the same operations as the nodes it covers."""
     if node.op_type not in ("Add", "Mul", "Concat") or node.domain not in ("", "ai.onnx"):
         return None
     branches = []
@@ -98,13 +104,15 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
         nodes.append(relu)
         last = relu
     destination = quantized_next(last.outputs[0])
-    if destination is None:
+    if destination is None and node.op_type == "Concat":
         return None
-    nodes.append(destination[0])
-    quantization = destination[1]
+    quantization = destination[1] if destination is not None else None
+    if destination is not None:
+        nodes.append(destination[0])
     parameters = [(dq.scale, dq.shift) for dq in branches]
     axis = attribute(node, "axis", 0)
-    fused = quantization.output_stage_destination()  # the quantize inside join_q, in one pass where it can
+    # the quantize inside join_q, in one pass where it can
+    fused = quantization.output_stage_destination() if quantization is not None else None
 
     def run(*integers):
         if node.op_type == "Concat":
@@ -114,18 +122,29 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
         (scale1, shift1), (scale2, shift2) = parameters
         joined = kernels.join_q(node.op_type == "Mul", integers[0], shift1, scale1, integers[1], shift2, scale2,
                                 relu is not None, **(fused or {}))
-        return [joined if fused else quantization.quantize(joined, in_place=True)]
+        return [joined if fused or quantization is None else quantization.quantize(joined, in_place=True)]
 
     instruction = None
-    if node.op_type != "Concat" and fused is not None and all(
-            np.size(p) == 1 for pair in parameters for p in pair if p is not None) and np.dtype(
-            integer_container(quantization.qmin, quantization.qmax)).itemsize == 1:
+    to_float = quantization is None
+    if node.op_type != "Concat" and (to_float or fused is not None) and all(
+            np.size(p) == 1 for pair in parameters for p in pair if p is not None) and (to_float or np.dtype(
+            integer_container(quantization.qmin, quantization.qmax)).itemsize == 1):
         (scale1, shift1), (scale2, shift2) = [(float(np.reshape(s, ())), 0.0 if z is None else float(np.reshape(z, ())))
                                               for s, z in parameters]
-        instruction = ("join", (node.op_type == "Mul", shift1, scale1, shift2, scale2, relu is not None,
-                                float(quantization.scale.reshape(())), int(quantization.zero_point.reshape(())),
-                                quantization.qmin, quantization.qmax, quantization.qmin < 0))
+        to = None if to_float else (float(quantization.scale.reshape(())), int(quantization.zero_point.reshape(())),
+                                    quantization.qmin, quantization.qmax, quantization.qmin < 0)
+        instruction = ("join", (node.op_type == "Mul", shift1, scale1, shift2, scale2, relu is not None, to))
     return _step(run, [dq.data for dq in branches], nodes, native=instruction)
+
+
+def try_mean_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
+    """GlobalAveragePool on float32, in the order lpt's kernel and native engine add (kernels.global_average_pool).
+
+    The plan takes it only after an int8 step (a join to float32, say), so that a network's tail
+    stays in one native program instead of crossing into onnxruntime for one node."""
+    if node.op_type != "GlobalAveragePool" or node.domain not in ("", "ai.onnx") or node.inputs[0].dtype != ir.DataType.FLOAT:
+        return None
+    return _step(lambda x: [kernels.global_average_pool(x)], [node.inputs[0]], [node], native=("mean", None))
 
 
 def _runtime_inputs(node: ir.Node, layer: Int8Layer) -> list[ir.Value]:
@@ -137,16 +156,18 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     """(run, engine) for an Int8Layer on lpt's native engine, or (None, "") where it does not take the layer."""
     from lpt import native
 
-    if not native.available() or layer.multiplier is None or layer.weights is None or layer.op == "conv_transpose":
+    if not native.available() or layer.multiplier is None or layer.op == "conv_transpose":
         return None, ""
     destination = layer.destination
-    stage = dict(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point,
-                 multiplier=layer.multiplier, bias=layer.bias, post_ops=layer.post_ops, threads=threads)
+    stage = dict(multiplier=layer.multiplier, bias=layer.bias, post_ops=layer.post_ops, threads=threads)
     if destination is not None:
         if not destination.is_per_tensor:
             return None, ""
         stage.update(dst_scale=destination.scale, dst_zero_point=destination.zero_point, qmin=destination.qmin,
                      qmax=destination.qmax, dst_dtype=destination.zero_point.dtype)
+    if layer.weights is None:
+        return _native_product(layer, stage, threads)
+    stage.update(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point)
     try:
         if layer.op == "conv":
             if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
@@ -165,6 +186,28 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
 
     run.instruction = operation.instruction  # for lpt.backend.native_program
     return run, native.engine_name(operation.route)
+
+
+def _native_product(layer: Int8Layer, stage: dict, threads: int):
+    """A matmul of two activations on the native engine; lpt's kernels where it does not take the operands
+    (operands that broadcast, a reduction past int32, ...)."""
+    from lpt import native
+
+    try:
+        product = native.Product(a_zero_point=layer.src_zero_point, b_zero_point=layer.weight_zero_point, **stage)
+    except native.Unsupported as why:
+        logger.debug("a product stays on lpt's kernels: %s", why)
+        return None, ""
+    on_kernels, _ = layer_function(layer, threads)
+
+    def run(a, b):
+        try:
+            return [product(a, b)]
+        except native.Unsupported:
+            return on_kernels(a, b)
+
+    run.instruction = product.instruction
+    return run, native.PRODUCT_ENGINE
 
 
 def layer_function(layer: Int8Layer, threads: int = 0):

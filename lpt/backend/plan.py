@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
 from lpt.backend import native_program
-from lpt.backend.int8_steps import try_int8_step, try_join_step
+from lpt.backend.int8_steps import try_int8_step, try_join_step, try_mean_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
@@ -134,6 +134,9 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
+        producer = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if fused is None and producer is not None and id(producer) in claimed:
+            fused = try_mean_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
         else:

@@ -1,4 +1,4 @@
-"""Pooling on quantized tensors [N, C, *spatial], in integers.
+"""Pooling on quantized tensors [N, C, *spatial], in integers (and the float32 global average).
 
 max_pool_q pads with the dtype's minimum, which can only tie with a real value, never win.
 The average pools keep the input's scale and zero point: avg = zp + Σ(q − zp)/count, rounded half
@@ -64,6 +64,20 @@ def global_average_pool_q(q, zero_point, multiplier=None, out_zero_point=None, q
     total = (q.astype(total_dtype) - total_dtype(zero_point)).sum(axis=spatial, keepdims=True, dtype=total_dtype)
     return _average(total, np.asarray(count, dtype=total_dtype), zero_point, q.dtype, multiplier,
                     out_zero_point, qmin, qmax)
+
+
+def global_average_pool(x) -> np.ndarray:
+    """ONNX GlobalAveragePool on float32 [N, C, *spatial]: each channel's values added in position order
+    (row-major over the spatial axes), in float32, then divided by their count.
+
+    The order is fixed so that lpt's native engine (lpt/native/integer_ops.cpp: mean_of_positions)
+    gives the same bits; np.add.accumulate adds strictly in order, where sum() would add in pairs.
+    onnxruntime adds in its own order: its result may differ in the last bits.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    flat = x.reshape(x.shape[:2] + (-1,))
+    total = np.add.accumulate(flat, axis=2)[:, :, -1] if flat.shape[2] else np.zeros(x.shape[:2], np.float32)
+    return (total / np.float32(flat.shape[2])).reshape(x.shape[:2] + (1,) * (x.ndim - 2))
 
 
 def divide_half_even(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@
     acc = conv.accumulate(src_u8_nchw)  # the int32 accumulators, = lpt.kernels.reference.conv_reference
 
     lpt.native.MatMul(weights_s8_kn, ...)    the same for u8/s8 [..., K] × constant s8 [K, N]
+    lpt.native.Product(a_zero_point=za, ...) u8/s8 [..., M, K] × u8/s8 [..., K, N], both at run time
     lpt.native.route()                       "u8s8", "s16", "split" or None: what this process runs (routes.py)
     lpt.native.engine_name(route)            how reports name it: "oneDNN (u8s8)", "lpt AVX2 (s16)", ...
     lpt.native.available(), unavailable_reason()
@@ -21,15 +22,16 @@ from __future__ import annotations
 import logging
 
 from lpt.native._library import engine, reason
-from lpt.native.operations import Conv, MatMul, Unsupported
+from lpt.native.operations import Conv, MatMul, Product, Unsupported
 from lpt.native.routes import exact_routes, route
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Conv", "MatMul", "Unsupported", "available", "engine_name", "exact_routes", "is_native_engine",
+__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "available", "engine_name", "exact_routes", "is_native_engine",
            "onednn_version", "route", "unavailable_reason"]
 
 _ENGINE_NAMES = {"u8s8": "oneDNN (u8s8)", "split": "oneDNN (split)", "s16": "lpt AVX2 (s16)"}
+PRODUCT_ENGINE = "lpt int32 (product)"  # what computes a Product, on every route
 
 
 def engine_name(route: str) -> str:
@@ -39,7 +41,7 @@ def engine_name(route: str) -> str:
 
 def is_native_engine(name: str) -> bool:
     """Whether a step's engine (lpt.backend.step.Step.engine) is one of the native engine's routes."""
-    return name in _ENGINE_NAMES.values()
+    return name in _ENGINE_NAMES.values() or name == PRODUCT_ENGINE
 
 
 def available() -> bool:

@@ -197,8 +197,11 @@ struct Operation {
     std::string last_impl;
     // route s16: the geometry, the packed weights, and the scratch of a run (widened source, accumulators)
     lpt_s16::Geometry geometry{};
-    std::vector<int16_t> packed, wide;
+    lpt_s16::PackedWeights packed;
+    std::vector<int16_t> wide;
     std::vector<int32_t> acc;
+    lpt_s16::Epilogue epilogue;               // the output stage, on arrays padded to 16 channels:
+    std::vector<float> padded_multiplier, padded_bias;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
 
@@ -355,6 +358,20 @@ std::vector<float> float_vector(PyObject *o, const char *name) {
     return std::vector<float>(data, data + b.view.len / sizeof(float));
 }
 
+void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObject *clips, const char *dst,
+                 double scale, int zero_point, int qmin, int qmax) {
+    stage.multiplier = float_vector(multiplier, "multiplier");
+    if (bias != Py_None) stage.bias = float_vector(bias, "bias");
+    stage.clips = float_vector(clips, "clips");
+    const std::string d(dst);
+    stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
+    if (d != "f32" && d != "u8" && d != "s8") throw std::invalid_argument("dst must be 'f32', 'u8' or 's8'");
+    stage.scale = (float)scale;
+    stage.zero_point = zero_point;
+    stage.qmin = qmin;
+    stage.qmax = qmax;
+}
+
 // The part of create() that both kinds share: weights, route, zero point, output stage, threads.
 bool parse_common(Operation &op, PyObject *weights, const char *route, int threads, int src_zero_point,
                   PyObject *multiplier, PyObject *bias, PyObject *clips, const char *dst, double scale,
@@ -380,16 +397,7 @@ bool parse_common(Operation &op, PyObject *weights, const char *route, int threa
     }
     op.threads = threads > 0 ? threads : omp_get_num_procs();
     op.src_zero_point = src_zero_point;
-    op.stage.multiplier = float_vector(multiplier, "multiplier");
-    if (bias != Py_None) op.stage.bias = float_vector(bias, "bias");
-    op.stage.clips = float_vector(clips, "clips");
-    const std::string d(dst);
-    op.stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
-    if (d != "f32" && d != "u8" && d != "s8") throw std::invalid_argument("dst must be 'f32', 'u8' or 's8'");
-    op.stage.scale = (float)scale;
-    op.stage.zero_point = zero_point;
-    op.stage.qmin = qmin;
-    op.stage.qmax = qmax;
+    parse_stage(op.stage, multiplier, bias, clips, dst, scale, zero_point, qmin, qmax);
     return true;
 }
 
@@ -398,6 +406,26 @@ void check_stage(const Operation &op) {
     if (op.stage.multiplier.size() != c) throw std::invalid_argument("multiplier must have one value per output channel");
     if (!op.stage.bias.empty() && op.stage.bias.size() != c)
         throw std::invalid_argument("bias must have one value per output channel");
+}
+
+// Route s16 applies the output stage to each tile of accumulators (s16.h: Epilogue).
+void prepare_epilogue(Operation &op) {
+    const OutputStage &s = op.stage;
+    const size_t padded = (size_t)(op.out_channels + 15) / 16 * 16;
+    op.padded_multiplier = s.multiplier;
+    op.padded_multiplier.resize(padded, 0.0f);
+    lpt_s16::Epilogue &e = op.epilogue;
+    e.multiplier = op.padded_multiplier.data();
+    if (!s.bias.empty()) {
+        op.padded_bias = s.bias;
+        op.padded_bias.resize(padded, 0.0f);
+        e.bias = op.padded_bias.data();
+    }
+    e.clips = s.clips.data();
+    e.clip_pairs = (int64_t)s.clips.size() / 2;
+    e.type = s.dst == Dst::u8 ? lpt_s16::Epilogue::u8 : s.dst == Dst::s8 ? lpt_s16::Epilogue::s8 : lpt_s16::Epilogue::f32;
+    e.scale = s.scale;
+    e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
 }
 
 PyObject *fail(const std::exception &e) {
@@ -462,6 +490,7 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                             op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
                             axis(op->pads_end, y, 0), op->pads_end.back()};
             op->packed = lpt_s16::pack_weights(op->weights.data(), op->geometry);
+            prepare_epilogue(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -500,6 +529,7 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
             for (int64_t k = 0; k < shape[0]; ++k)
                 for (int64_t n = 0; n < shape[1]; ++n) transposed[n * shape[0] + k] = op->weights[k * shape[1] + n];
             op->packed = lpt_s16::pack_weights(transposed.data(), op->geometry);
+            prepare_epilogue(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -542,12 +572,17 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const size_t items = (size_t)(images * positions * op.out_channels);
     if (out_bytes != items * item_size(dst)) throw std::invalid_argument("out does not have the output's size");
     op.wide.resize(lpt_s16::widened_size(g, images, h, w));
-    op.acc.resize(items);
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
                    op.wide.data(), op.threads);
-    lpt_s16::convolve(op.wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
-    finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels, conv && !channels_last_out,
-              out, op.threads);
+    if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
+        // the output stage as each tile is done: no accumulators in memory, no pass after
+        lpt_s16::convolve_staged(op.wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
+    } else {
+        op.acc.resize(items);
+        lpt_s16::convolve(op.wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
+        finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
+                  conv && !channels_last_out, out, op.threads);
+    }
     op.last_impl = "lpt:s16_avx2";
     if (items * sizeof(int32_t) + op.wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) {
         std::vector<int16_t>().swap(op.wide);
@@ -614,6 +649,103 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         std::vector<int32_t>().swap(p.acc_lo);
         std::vector<uint8_t>().swap(p.src_scratch);
     }
+}
+
+struct Unsupported : std::runtime_error {  // what lpt's step-by-step path runs instead (program.py)
+    using std::runtime_error::runtime_error;
+};
+
+// ---------------------------------------------------------------- products of two run-time tensors
+//
+// MatMulInteger of two activations (attention's Q·Kᵀ and weights·V): both operands arrive at run
+// time, so nothing is packed ahead. dst[b, m, n] = output stage of Σ_k (a[b, m, k] − za)·(b[b, k, n] − zb),
+// each term at most 255·255 in magnitude and the sum exact in int32 while K·65 025 < 2^31.
+
+struct Product {
+    int a_zero_point = 0, b_zero_point = 0, threads = 1;
+    OutputStage stage;  // multiplier and bias: one value, or one per column
+};
+
+const char *PRODUCT_CAPSULE = "lpt.native._engine.Product";
+constexpr int64_t MAX_PRODUCT_REDUCTION = ((int64_t)1 << 31) / (255 * 255);
+
+Product *product_of(PyObject *capsule) {
+    return static_cast<Product *>(PyCapsule_GetPointer(capsule, PRODUCT_CAPSULE));
+}
+
+// row[c] = Σ_j a_row[j]·b[j, c]: eight int32 lanes at a time where the CPU has AVX2 (vpmulld), four
+// with SSE2's emulation of it elsewhere; the same integers either way.
+__attribute__((target_clones("avx2", "default"))) void accumulate_row(const int32_t *a_row, const int32_t *b,
+                                                                      int64_t k, int64_t n, int32_t *row) {
+    std::fill(row, row + n, 0);
+    for (int64_t j = 0; j < k; ++j) {
+        const int32_t av = a_row[j];
+        const int32_t *bk = b + j * n;
+        for (int64_t c = 0; c < n; ++c) row[c] += av * bk[c];
+    }
+}
+
+// a [batches, M, K] and b [batches, K, N], 8-bit, C-contiguous → out [batches, M, N] in the stage's type.
+void run_product(const Product &p, const uint8_t *a, bool a_signed, const uint8_t *b, bool b_signed, int64_t batches,
+                 int64_t m, int64_t k, int64_t n, void *out) {
+    if (k > MAX_PRODUCT_REDUCTION) throw Unsupported("a product's reduction could overflow int32");
+    OutputStage stage = p.stage;  // one value per column
+    for (auto *v : {&stage.multiplier, &stage.bias})
+        if (v->size() == 1) v->assign((size_t)n, (*v)[0]);
+    if ((int64_t)stage.multiplier.size() != n || (!stage.bias.empty() && (int64_t)stage.bias.size() != n))
+        throw Unsupported("a product's multiplier or bias does not fit its columns");
+    const size_t item = item_size(stage.dst);
+    auto value = [](const uint8_t *q, bool is_signed, int64_t i) { return is_signed ? (int32_t)(int8_t)q[i] : (int32_t)q[i]; };
+#pragma omp parallel num_threads(p.threads) if (p.threads > 1 && batches * m * n * k >= PARALLEL_WORK)
+    {
+        std::vector<int32_t> row(n), a_row(k);
+        std::vector<float> x(n);
+        std::vector<int32_t> wide_b;  // b − zb of the batch a thread is in
+        int64_t widened = -1;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < batches * m; ++t) {
+            const int64_t batch = t / m, i = t % m;
+            if (widened != batch) {
+                wide_b.resize((size_t)(k * n));
+                const uint8_t *bq = b + batch * k * n;
+                for (int64_t j = 0; j < k * n; ++j) wide_b[j] = value(bq, b_signed, j) - p.b_zero_point;
+                widened = batch;
+            }
+            const uint8_t *aq = a + (batch * m + i) * k;
+            for (int64_t j = 0; j < k; ++j) a_row[j] = value(aq, a_signed, j) - p.a_zero_point;
+            accumulate_row(a_row.data(), wide_b.data(), k, n, row.data());
+            char *o = static_cast<char *>(out) + (batch * m + i) * n * item;
+            switch (stage.dst) {
+                case Dst::f32: stage_row<float>(stage, row.data(), nullptr, n, x.data(), (float *)o, 1); break;
+                case Dst::u8: stage_row<uint8_t>(stage, row.data(), nullptr, n, x.data(), (uint8_t *)o, 1); break;
+                case Dst::s8: stage_row<int8_t>(stage, row.data(), nullptr, n, x.data(), (int8_t *)o, 1); break;
+                case Dst::s32: stage_row<int32_t>(stage, row.data(), nullptr, n, x.data(), (int32_t *)o, 1); break;
+            }
+        }
+    }
+}
+
+const char PRODUCT_DOC[] =
+    "product(a_zero_point, b_zero_point, threads, multiplier, bias, clips, dst, dst_scale, dst_zero_point,\n"
+    "        qmin, qmax) -> product\n\nmultiplier, bias: float32, one value or one per column.";
+
+PyObject *py_product(PyObject *, PyObject *args) {
+    PyObject *multiplier, *bias, *clips;
+    int a_zero_point, b_zero_point, threads, zero_point, qmin, qmax;
+    const char *dst;
+    double scale;
+    if (!PyArg_ParseTuple(args, "iiiOOOsdiii", &a_zero_point, &b_zero_point, &threads, &multiplier, &bias, &clips,
+                          &dst, &scale, &zero_point, &qmin, &qmax))
+        return nullptr;
+    auto p = std::make_unique<Product>();
+    try {
+        p->a_zero_point = a_zero_point, p->b_zero_point = b_zero_point;
+        p->threads = threads > 0 ? threads : omp_get_num_procs();
+        parse_stage(p->stage, multiplier, bias, clips, dst, scale, zero_point, qmin, qmax);
+    } catch (const std::exception &e) {
+        return fail(e);
+    }
+    return PyCapsule_New(p.release(), PRODUCT_CAPSULE, [](PyObject *c) { delete product_of(c); });
 }
 
 const char RUN_DOC[] =
@@ -691,18 +823,20 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
 // the program's outputs see channels-first values, as the steps do.
 
-enum class Code { quantize, layer, max_pool, join, flatten };
+enum class Code { quantize, layer, max_pool, join, flatten, mean, product };
 
 struct Instruction {
     Code code;
     std::vector<int> in;
     int out = 0;
     Operation *operation = nullptr;  // layer
-    PyObject *capsule = nullptr;     // layer: a reference that keeps `operation` alive
+    Product *product = nullptr;      // product
+    PyObject *capsule = nullptr;     // layer, product: a reference that keeps `operation` or `product` alive
     lpt_ops::Pool pool{};            // max_pool
-    bool multiply = false, relu = false, signed_out = false;  // join; quantize and join: the output's type
+    bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     int zero_point = 0, qmin = 0, qmax = 255;
+    lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
 };
 
@@ -756,9 +890,6 @@ struct Program {
 const char *PROGRAM_CAPSULE = "lpt.native._engine.Program";
 constexpr size_t KEEP_PROGRAM_BYTES = 32u << 20;
 
-struct Unsupported : std::runtime_error {  // what lpt's step-by-step path runs instead (program.py)
-    using std::runtime_error::runtime_error;
-};
 
 std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
     std::vector<int64_t> dims = {src[0], op.out_channels};
@@ -854,10 +985,47 @@ void step(Program &program, const Instruction &ins) {
                 else b.channels_first_into(program.scratch.data(), program.threads);
                 b_data = program.scratch.data();
             }
-            void *o = out.allocate(ins.signed_out ? 'b' : 'B', a.count());
+            void *o = out.allocate(ins.to.type, a.count());
             lpt_ops::join(a.data, a.type == 'b', b_data, b.type == 'b', a.count(), ins.multiply, ins.a_shift,
-                          ins.a_scale, ins.b_shift, ins.b_scale, ins.relu, ins.scale, ins.zero_point, ins.qmin,
-                          ins.qmax, o, ins.signed_out, program.threads);
+                          ins.a_scale, ins.b_shift, ins.b_scale, ins.relu, ins.to, o, program.threads);
+            break;
+        }
+        case Code::product: {
+            const Slot &b = slots[ins.in[1]];
+            const size_t r = a.dims.size();
+            if (a.type == 'f' || b.type == 'f' || r < 2 || b.dims.size() != r)
+                throw Unsupported("a product of other than two 8-bit tensors of one rank");
+            if (!std::equal(a.dims.begin(), a.dims.end() - 2, b.dims.begin()) || a.dims[r - 1] != b.dims[r - 2])
+                throw Unsupported("a product whose operands do not fit without broadcasting");
+            int64_t batches = 1;
+            for (size_t i = 0; i + 2 < r; ++i) batches *= a.dims[i];
+            const uint8_t *a_values = static_cast<const uint8_t *>(a.data), *b_values = static_cast<const uint8_t *>(b.data);
+            std::vector<unsigned char> a_order, b_order;  // channels-first values, where a convolution left them not so
+            if (a.transposed()) {
+                a_order.resize(a.count());
+                a.channels_first_into(a_order.data(), program.threads);
+                a_values = a_order.data();
+            }
+            if (b.transposed()) {
+                b_order.resize(b.count());
+                b.channels_first_into(b_order.data(), program.threads);
+                b_values = b_order.data();
+            }
+            out.dims = a.dims;
+            out.dims[r - 1] = b.dims[r - 1];
+            const Dst dst = ins.product->stage.dst;
+            void *o = out.allocate(dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b', out.count());
+            run_product(*ins.product, a_values, a.type == 'b', b_values, b.type == 'b', batches, a.dims[r - 2],
+                        a.dims[r - 1], b.dims[r - 1], o);
+            break;
+        }
+        case Code::mean: {
+            if (a.type != 'f' || a.dims.size() < 3) throw Unsupported("a mean of other than float32 [N, C, *spatial]");
+            out.dims = a.dims;
+            for (size_t i = 2; i < out.dims.size(); ++i) out.dims[i] = 1;
+            void *o = out.allocate('f', out.count());
+            lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[1], a.positions(),
+                                       a.transposed(), static_cast<float *>(o), program.threads);
             break;
         }
         case Code::flatten: {
@@ -917,13 +1085,29 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = Code::quantize;
                 parsed = PyArg_ParseTuple(extra, "fiiip", &ins.scale, &ins.zero_point, &ins.qmin, &ins.qmax, &signed_out);
                 ins.signed_out = signed_out;
-            } else if (k == "join") {
-                int multiply, relu, signed_out;
+            } else if (k == "join") {  // destination: None (float32) or (scale, zero point, qmin, qmax, signed)
+                int multiply, relu, signed_out = 0;
+                PyObject *destination;
                 ins.code = Code::join;
-                parsed = PyArg_ParseTuple(extra, "pffffpfiiip", &multiply, &ins.a_shift, &ins.a_scale, &ins.b_shift,
-                                          &ins.b_scale, &relu, &ins.scale, &ins.zero_point, &ins.qmin, &ins.qmax,
-                                          &signed_out);
-                ins.multiply = multiply, ins.relu = relu, ins.signed_out = signed_out;
+                parsed = PyArg_ParseTuple(extra, "pffffpO", &multiply, &ins.a_shift, &ins.a_scale, &ins.b_shift,
+                                          &ins.b_scale, &relu, &destination);
+                lpt_ops::Destination &to = ins.to;
+                if (parsed && destination != Py_None) {
+                    parsed = PyArg_ParseTuple(destination, "fiiip", &to.scale, &to.zero_point, &to.qmin, &to.qmax,
+                                              &signed_out);
+                    to.type = signed_out ? 'b' : 'B';
+                }
+                ins.multiply = multiply, ins.relu = relu;
+            } else if (k == "product") {
+                ins.code = Code::product;
+                ins.product = product_of(extra);
+                parsed = ins.product != nullptr;
+                if (parsed) {
+                    ins.capsule = extra;
+                    Py_INCREF(extra);
+                }
+            } else if (k == "mean") {
+                ins.code = Code::mean;
             } else if (k == "max_pool") {
                 ins.code = Code::max_pool;
                 lpt_ops::Pool &p = ins.pool;
@@ -940,7 +1124,8 @@ PyObject *py_program(PyObject *, PyObject *args) {
             if (!parsed) return nullptr;
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
-            if (ins.out < 0 || ins.out >= slot_count || (ins.in.size() != (ins.code == Code::join ? 2u : 1u)))
+            const size_t reads = ins.code == Code::join || ins.code == Code::product ? 2 : 1;
+            if (ins.out < 0 || ins.out >= slot_count || ins.in.size() != reads)
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));
         }
@@ -1049,6 +1234,7 @@ PyObject *py_s16_supported(PyObject *, PyObject *) { return PyBool_FromLong(lpt_
 PyMethodDef methods[] = {
         {"conv", py_conv, METH_VARARGS, CONV_DOC},
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
+        {"product", py_product, METH_VARARGS, PRODUCT_DOC},
         {"run", py_run, METH_VARARGS, RUN_DOC},
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},

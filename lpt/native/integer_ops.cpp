@@ -137,8 +137,7 @@ void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, 
 }
 
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
-          float a_scale, float b_shift, float b_scale, bool relu, float scale, int zero_point, int qmin, int qmax,
-          void *out, bool signed_out, int threads) {
+          float a_scale, float b_shift, float b_scale, bool relu, const Destination &to, void *out, int threads) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
     for (int64_t k = 0; k < blocks; ++k) {
@@ -153,9 +152,38 @@ void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n,
         else
             for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
         if (relu)
-            for (int64_t i = 0; i < count; ++i) x[i] = x[i] < 0.0f ? 0.0f : x[i];
-        quantize_block(x, count, scale, zero_point, qmin, qmax);
-        store_block(x, count, static_cast<char *>(out) + start, signed_out);
+            for (int64_t i = 0; i < count; ++i) x[i] = x[i] <= 0.0f ? 0.0f : x[i];  // −0 → +0, NaN stays: np.maximum
+        if (to.type == 'f') {
+            std::copy(x, x + count, static_cast<float *>(out) + start);
+            continue;
+        }
+        quantize_block(x, count, to.scale, to.zero_point, to.qmin, to.qmax);
+        store_block(x, count, static_cast<char *>(out) + start, to.type == 'b');
+    }
+}
+
+void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
+                       float *out, int threads) {
+    const float count = (float)positions;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * channels * positions >= PARALLEL_WORK)
+    for (int64_t n = 0; n < images; ++n) {
+        float *sum = out + n * channels;
+        if (positions == 0) {
+            std::fill(sum, sum + channels, 0.0f);  // 0 / 0: NaN, as numpy
+        } else if (channels_last) {  // position by position, each channel's sum in the same order as below
+            const float *in = x + n * positions * channels;
+            std::copy(in, in + channels, sum);
+            for (int64_t p = 1; p < positions; ++p)
+                for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] + in[p * channels + c];
+        } else {
+            for (int64_t c = 0; c < channels; ++c) {
+                const float *in = x + (n * channels + c) * positions;
+                float s = in[0];
+                for (int64_t p = 1; p < positions; ++p) s = s + in[p];
+                sum[c] = s;
+            }
+        }
+        for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] / count;
     }
 }
 

@@ -11,10 +11,22 @@ namespace lpt_ops {
 void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
               int threads);
 
-// x = (q_a − a_shift)·a_scale + (or ·) (q_b − b_shift)·b_scale, then max(x, 0) with relu, then quantize.
+// Where a result goes: float32 values (type 'f'), or quantized into uint8 ('B') or int8 ('b').
+struct Destination {
+    char type = 'f';
+    float scale = 1.0f;
+    int zero_point = 0, qmin = 0, qmax = 255;
+};
+
+// x = (q_a − a_shift)·a_scale + (or ·) (q_b − b_shift)·b_scale, then max(x, 0) with relu, then to `to`.
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
-          float a_scale, float b_shift, float b_scale, bool relu, float scale, int zero_point, int qmin, int qmax,
-          void *out, bool signed_out, int threads);
+          float a_scale, float b_shift, float b_scale, bool relu, const Destination &to, void *out, int threads);
+
+// ONNX GlobalAveragePool on float32 [images, channels, positions] (or channels-last [images,
+// positions, channels]) → [images, channels]: each channel's values added in position order, in
+// float32, then divided by the count (lpt.kernels.global_average_pool, which defines the order).
+void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
+                       float *out, int threads);
 
 // ONNX MaxPool (2-D, floor mode) on uint8 or int8 [images, channels, h, w]; the padding never wins.
 struct Pool {

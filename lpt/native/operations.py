@@ -58,26 +58,8 @@ class _Operation:
         self.threads = min(threads, usable_cores()) if threads > 0 else usable_cores()
         self.multiplier = _per_channel(multiplier, out_channels, "multiplier")
         self.bias = None if bias is None else _per_channel(bias, out_channels, "bias")
-        self.clips = _clips(post_ops)
-        if np.size(dst_scale) > 1 or np.size(dst_zero_point) != 1:
-            raise Unsupported("a per-channel destination scale or zero point")
-        if dst_scale is None:
-            if dst_dtype not in (None, np.float32):
-                raise ValueError(f"a {np.dtype(dst_dtype)} destination needs a dst_scale")
-            self.dst_dtype, qmin, qmax = np.dtype(np.float32), 0, 0
-        else:
-            if dst_dtype is None:
-                dst_dtype = integer_container(0 if qmin is None else qmin, 255 if qmax is None else qmax)
-            self.dst_dtype = np.dtype(dst_dtype)
-            if self.dst_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
-                raise Unsupported(f"a {self.dst_dtype} destination (u8, s8 or f32 only)")
-            info = np.iinfo(self.dst_dtype)
-            qmin, qmax = (info.min if qmin is None else qmin), (info.max if qmax is None else qmax)
-            if not info.min <= qmin <= qmax <= info.max:
-                raise ValueError(f"[{qmin}, {qmax}] is not a range within {self.dst_dtype}")
-        self._stage = (self.multiplier, self.bias, self.clips, _DESTINATIONS[self.dst_dtype],
-                       1.0 if dst_scale is None else float(np.float32(np.asarray(dst_scale).reshape(()))),
-                       int(np.asarray(dst_zero_point).reshape(())), int(qmin), int(qmax))
+        self.dst_dtype, destination = _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
+        self._stage = (self.multiplier, self.bias, _clips(post_ops)) + destination
 
     @property
     def instruction(self) -> tuple:
@@ -206,6 +188,66 @@ class MatMul(_Operation):
         if rows.shape[0]:
             engine.run(self._operation, rows, out, dtype == np.int32)
         return out.reshape(src.shape[:-1] + (self.columns,))
+
+
+class Product:
+    """dst[..., m, n] = output_stage(Σ_k (a[..., m, k] − za)·(b[..., k, n] − zb)), exact in int32, for two
+    uint8/int8 tensors that both arrive at run time (attention's Q·Kᵀ and weights·V: MatMulInteger of
+    two activations); a and b have the same leading axes (no broadcasting).
+
+    The output stage's parameters are MatMul's: multiplier and bias one value or one per column n.
+    Nothing is packed ahead, and there is no oneDNN primitive: a plain int32 loop, which at the sizes of
+    attention (K of 16 to 64) costs less than preparing one. It runs as an instruction of a native program.
+    """
+
+    def __init__(self, *, a_zero_point: int = 0, b_zero_point: int = 0, multiplier=1.0, bias=None, post_ops=(),
+                 dst_scale=None, dst_zero_point=0, dst_dtype=None, qmin: int | None = None, qmax: int | None = None,
+                 threads: int = 0):
+        from lpt.native.program import Program
+
+        if engine is None:
+            raise Unsupported(f"the native engine is not available: {reason}")
+        if np.size(a_zero_point) != 1 or np.size(b_zero_point) != 1:
+            raise Unsupported("a per-row or per-column zero point of a product")
+        threads = min(threads, usable_cores()) if threads > 0 else usable_cores()
+        multiplier = np.ascontiguousarray(np.asarray(multiplier, np.float32).reshape(-1))
+        bias = None if bias is None else np.ascontiguousarray(np.asarray(bias, np.float32).reshape(-1))
+        self.dst_dtype, destination = _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
+        self._product = engine.product(int(np.reshape(a_zero_point, ())), int(np.reshape(b_zero_point, ())), threads,
+                                       multiplier, bias, _clips(post_ops), *destination)
+        self._program = Program([("product", ["a", "b"], "y", self._product)], ["a", "b"], ["y"], threads)
+
+    @property
+    def instruction(self) -> tuple:
+        """This product as an instruction of a native program (lpt.native.program)."""
+        return ("product", self._product)
+
+    def __call__(self, a, b) -> np.ndarray:
+        """dst [..., M, N] from a [..., M, K] and b [..., K, N]; Unsupported where the engine does not take them."""
+        [out] = self._program(a, b)
+        return out
+
+
+def _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax) -> tuple[np.dtype, tuple]:
+    """The destination's dtype, and its part of the engine's output stage (dst, scale, zero point, qmin, qmax)."""
+    if np.size(dst_scale) > 1 or np.size(dst_zero_point) != 1:
+        raise Unsupported("a per-channel destination scale or zero point")
+    if dst_scale is None:
+        if dst_dtype not in (None, np.float32):
+            raise ValueError(f"a {np.dtype(dst_dtype)} destination needs a dst_scale")
+        dtype, qmin, qmax = np.dtype(np.float32), 0, 0
+    else:
+        if dst_dtype is None:
+            dst_dtype = integer_container(0 if qmin is None else qmin, 255 if qmax is None else qmax)
+        dtype = np.dtype(dst_dtype)
+        if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+            raise Unsupported(f"a {dtype} destination (u8, s8 or f32 only)")
+        info = np.iinfo(dtype)
+        qmin, qmax = (info.min if qmin is None else qmin), (info.max if qmax is None else qmax)
+        if not info.min <= qmin <= qmax <= info.max:
+            raise ValueError(f"[{qmin}, {qmax}] is not a range within {dtype}")
+    return dtype, (_DESTINATIONS[dtype], 1.0 if dst_scale is None else float(np.float32(np.asarray(dst_scale).reshape(()))),
+                   int(np.asarray(dst_zero_point).reshape(())), int(qmin), int(qmax))
 
 
 def _per_channel(value, channels: int, name: str) -> np.ndarray:

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace lpt_s16 {
 namespace {
@@ -37,7 +38,7 @@ struct Walk {  // how a tile walks the window of its positions, the same for eve
 
 template <int T>
 __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const int16_t *weights, const Walk &walk,
-                                          int32_t *out, int64_t out_stride, int64_t valid) {
+                                          int32_t *out) {  // out [T][LANES]
     __m256i acc[T][2];
     for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
     const int16_t *w = weights;
@@ -47,8 +48,8 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
             const int16_t *src[T];
             for (int j = 0; j < T; ++j) src[j] = positions[j] + offset;
             for (int64_t q = 0; q < walk.pairs; ++q, w += 2 * LANES) {
-                const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w));
-                const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w + LANES));
+                const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
+                const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + LANES));
                 for (int j = 0; j < T; ++j) {
                     int32_t pair;
                     std::memcpy(&pair, src[j] + 2 * q, sizeof pair);
@@ -60,29 +61,59 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
         }
     }
     for (int j = 0; j < T; ++j) {
-        int32_t *o = out + j * out_stride;
-        if (valid == LANES) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(o), acc[j][0]);
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 8), acc[j][1]);
-        } else {
-            alignas(32) int32_t all[LANES];
-            _mm256_store_si256(reinterpret_cast<__m256i *>(all), acc[j][0]);
-            _mm256_store_si256(reinterpret_cast<__m256i *>(all + 8), acc[j][1]);
-            std::memcpy(o, all, valid * sizeof(int32_t));
-        }
+        _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES), acc[j][0]);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8), acc[j][1]);
     }
 }
 
-using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *, int64_t, int64_t);
+using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *);
 constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+
+// Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
+// into out (one row of out_stride values per position). The same operations in the same order as
+// _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
+// goes where the scalar form sends it.
+template <typename T>
+__attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
+                                           int64_t valid, T *out, int64_t out_stride) {
+    const __m256 scale = _mm256_set1_ps(e.scale), zero_point = _mm256_set1_ps((float)e.zero_point),
+                 low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
+                 high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
+    for (int64_t j = 0; j < count; ++j) {
+        alignas(32) float values[LANES];
+        alignas(32) int32_t integers[LANES];
+        for (int64_t half = 0; half < LANES; half += 8) {
+            const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + half));
+            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + half));
+            if (e.bias) x = _mm256_add_ps(x, _mm256_loadu_ps(e.bias + c0 + half));
+            for (int64_t k = 0; k < e.clip_pairs; ++k) {
+                x = _mm256_max_ps(_mm256_set1_ps(e.clips[2 * k]), x);      // x < low ? low : x
+                x = _mm256_min_ps(_mm256_set1_ps(e.clips[2 * k + 1]), x);  // x > high ? high : x
+            }
+            if constexpr (std::is_same_v<T, float>) {
+                _mm256_store_ps(values + half, x);
+            } else {
+                __m256 y = _mm256_div_ps(x, scale);
+                y = _mm256_min_ps(_mm256_max_ps(y, low), high);  // max(NaN, low) is low, as y >= low ? y : low
+                y = _mm256_add_ps(_mm256_sub_ps(_mm256_add_ps(y, magic), magic), zero_point);  // rint, ties to even
+                _mm256_store_si256(reinterpret_cast<__m256i *>(integers + half), _mm256_cvttps_epi32(y));
+            }
+        }
+        T *o = out + j * out_stride;
+        for (int64_t c = 0; c < valid; ++c) {
+            if constexpr (std::is_same_v<T, float>) o[c] = values[c];
+            else o[c] = (T)integers[c];
+        }
+    }
+}
 
 }  // namespace
 
 bool supported() { return __builtin_cpu_supports("avx2"); }
 
-std::vector<int16_t> pack_weights(const int8_t *weights, const Geometry &g) {
+PackedWeights pack_weights(const int8_t *weights, const Geometry &g) {
     const int64_t c2 = g.padded_channels(), blocks = (g.out_channels + LANES - 1) / LANES;
-    std::vector<int16_t> packed(blocks * g.kernel_h * g.kernel_w * c2 * LANES, 0);
+    PackedWeights packed(blocks * g.kernel_h * g.kernel_w * c2 * LANES, 0);
     int16_t *p = packed.data();
     for (int64_t b = 0; b < blocks; ++b)
         for (int64_t ky = 0; ky < g.kernel_h; ++ky)
@@ -136,8 +167,13 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
     }
 }
 
-void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
-              int32_t *acc, int threads) {
+namespace {
+
+// Every tile of the convolution, each handed to sink(acc [count][LANES], first position, count,
+// first channel, valid channels) as soon as it is done.
+template <typename Sink>
+void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+               int threads, const Sink &sink) {
     const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
@@ -155,10 +191,38 @@ void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int
                     const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
                     starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
                 }
-                const int64_t valid = std::min(LANES, g.out_channels - b * LANES);
-                TILES[count](starts, packed + b * block_size, walk, acc + (n * positions + first) * g.out_channels + b * LANES,
-                             g.out_channels, valid);
+                alignas(32) int32_t acc[TILE * LANES];
+                TILES[count](starts, packed + b * block_size, walk, acc);
+                sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
             }
+}
+
+}  // namespace
+
+void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads) {
+    const int64_t oc = g.out_channels;
+    each_tile(wide, packed, g, images, h, w, threads,
+              [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+                  for (int64_t j = 0; j < count; ++j)
+                      std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
+              });
+}
+
+void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads) {
+    const int64_t oc = g.out_channels;
+    auto staged = [&](auto *typed) {
+        each_tile(wide, packed, g, images, h, w, threads,
+                  [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+                      stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
+                  });
+    };
+    switch (e.type) {
+        case Epilogue::f32: staged(static_cast<float *>(out)); break;
+        case Epilogue::u8: staged(static_cast<uint8_t *>(out)); break;
+        case Epilogue::s8: staged(static_cast<int8_t *>(out)); break;
+    }
 }
 
 }  // namespace lpt_s16

@@ -1,7 +1,9 @@
 // lpt's own exact int8 convolution for CPUs without VNNI (route "s16"): lpt/native/s16.cpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace lpt_s16 {
@@ -19,8 +21,23 @@ struct Geometry {
 
 bool supported();  // the CPU has AVX2
 
+// Memory on 64-byte boundaries: each step of the kernel loads 64 bytes of weights, one cache line
+// instead of parts of two.
+template <typename T>
+struct CacheLineAllocator {
+    using value_type = T;
+    CacheLineAllocator() = default;
+    template <typename U>
+    CacheLineAllocator(const CacheLineAllocator<U> &) {}
+    T *allocate(std::size_t n) { return static_cast<T *>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+    void deallocate(T *p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+    bool operator==(const CacheLineAllocator &) const { return true; }
+    bool operator!=(const CacheLineAllocator &) const { return false; }
+};
+using PackedWeights = std::vector<int16_t, CacheLineAllocator<int16_t>>;
+
 // int8 weights [OC, IC, KH, KW] → int16, in the order the kernel reads them.
-std::vector<int16_t> pack_weights(const int8_t *weights, const Geometry &g);
+PackedWeights pack_weights(const int8_t *weights, const Geometry &g);
 
 // The source's int16 form the kernel reads: q − zero_point, channels-last, padded with zeros
 // (spatially, and to an even channel count), [images, H + pads, W + pads, padded_channels].
@@ -31,5 +48,24 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
 // acc [images, out_h·out_w, OC] int32 = Σ wide · weights, exactly.
 void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads);
+
+// The output stage of lpt/native/_engine.cpp (and lpt.kernels.output_stage), as numbers:
+// x = f32(acc)·multiplier[c] + bias[c], each clip as max then min, then for an 8-bit destination
+// saturate(rint(x / scale) + zero_point) in [qmin, qmax]. The arrays hold one value per output
+// channel, padded with zeros to a multiple of 16.
+struct Epilogue {
+    enum Type { f32, u8, s8 } type = f32;
+    const float *multiplier = nullptr, *bias = nullptr;  // bias may be null
+    const float *clips = nullptr;                       // (low, high) pairs
+    int64_t clip_pairs = 0;
+    float scale = 1.0f;
+    int zero_point = 0, qmin = 0, qmax = 255;
+};
+
+// out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
+// convolve's accumulators, applied to each tile while they are in registers: the int32 values
+// never reach memory, and no pass over the output follows.
+void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads);
 
 }  // namespace lpt_s16

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import lpt.native
 from lpt.kernels import Clip, Relu
 from lpt.kernels.output_stage import output_stage
+from lpt.kernels.matmul import matmul_accumulate
 from lpt.kernels.reference import matmul_reference
 
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
@@ -72,3 +73,51 @@ def test_a_long_reduction_at_the_extremes():
     src = np.full((3, k), 255, np.uint8)
     matmul = lpt.native.MatMul(weights, threads=2)
     assert np.array_equal(matmul.accumulate(src), matmul_reference(src, 0, weights, 0))
+
+
+@st.composite
+def product_cases(draw):
+    """Two operands that both arrive at run time: [..., M, K] × [..., K, N], u8 or s8 each, at the extremes too."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    leading = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    m, k, n = draw(st.integers(1, 20)), draw(st.integers(1, 70)), draw(st.integers(1, 40))
+    operands, zero_points = [], []
+    for shape in (leading + (m, k), leading + (k, n)):
+        info = np.iinfo(draw(st.sampled_from([np.uint8, np.int8])))
+        if draw(st.sampled_from(["random", "random", "extremes"])) == "extremes":
+            operands.append(rng.choice(np.array([info.min, info.max], info.dtype), shape))
+        else:
+            operands.append(rng.integers(info.min, int(info.max) + 1, shape).astype(info.dtype))
+        zero_points.append(draw(st.sampled_from([0, int(info.min), int(info.max)])))
+    return operands, zero_points, rng
+
+
+@given(case=product_cases(), per_column=st.booleans(), bias=st.booleans(),
+       destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7)]), max_size=2), threads=st.sampled_from([1, 2]))
+@settings(max_examples=60, deadline=None)
+def test_a_product_of_two_activations_equals_lpts_kernels(case, per_column, bias, destination, post_ops, threads):
+    (a, b), (za, zb), rng = case
+    columns = b.shape[-1]
+    multiplier = rng.uniform(1e-4, 1e-2, columns if per_column else 1).astype(np.float32)
+    bias = rng.normal(0, 1, columns).astype(np.float32) if bias else None
+    dst_scale, dst_zero_point, dst_dtype = destination
+    product = lpt.native.Product(a_zero_point=za, b_zero_point=zb, multiplier=multiplier, bias=bias,
+                                 post_ops=tuple(post_ops), dst_scale=dst_scale, dst_zero_point=dst_zero_point,
+                                 dst_dtype=dst_dtype, threads=threads)
+    info = np.iinfo(dst_dtype) if dst_dtype else np.iinfo(np.uint8)
+    acc = matmul_accumulate(a, za, b, zb).astype(np.int32)
+    expected = output_stage(acc, multiplier, bias, tuple(post_ops),
+                            None if dst_scale is None else np.float32(dst_scale), np.int32(dst_zero_point),
+                            int(info.min), int(info.max), axis=-1)
+    got = product(a, b)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+
+
+def test_a_product_that_would_broadcast_is_refused_for_lpts_kernels():
+    product = lpt.native.Product(multiplier=np.float32(0.5))
+    with pytest.raises(lpt.native.Unsupported, match="broadcasting"):
+        product(np.ones((2, 3, 4), np.uint8), np.ones((1, 4, 5), np.uint8))
+    with pytest.raises(lpt.native.Unsupported, match="per-row or per-column"):
+        lpt.native.Product(a_zero_point=np.array([1, 2], np.uint8))

@@ -15,7 +15,7 @@ import lpt.native
 from lpt.backend import compile_model
 from lpt.backend.native_program import ENGINE
 from lpt.kernels.elementwise import join_q
-from lpt.kernels.pooling import max_pool_q
+from lpt.kernels.pooling import global_average_pool, max_pool_q
 from lpt.kernels.quantize import quantize
 from lpt.model_io import clone, read_model
 from lpt.native import Unsupported
@@ -48,19 +48,44 @@ def test_quantize_equals_lpts_quantize(seed, parameters):
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.sampled_from([np.uint8, np.int8]),
-       st.sampled_from([np.uint8, np.int8]))
-def test_join_equals_lpts_join(seed, multiply, relu, a_type, b_type):
+       st.sampled_from([np.uint8, np.int8]), st.booleans())
+def test_join_equals_lpts_join(seed, multiply, relu, a_type, b_type, to_float):
     rng = np.random.default_rng(seed)
     shape = (2, 5, 33, 17)
     a = rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, shape).astype(a_type)
     b = rng.integers(np.iinfo(b_type).min, np.iinfo(b_type).max + 1, shape).astype(b_type)
     a_shift, a_scale, b_shift, b_scale = 3.0, 0.02, -7.0, 0.035
     dst = dict(dst_scale=np.float32(0.05 if not multiply else 0.2), dst_zero_point=np.int32(17), qmin=0, qmax=255)
-    expected = join_q(multiply, a, a_shift, np.float32(a_scale), b, b_shift, np.float32(b_scale), relu, **dst)
-    program = Program([("join", ["a", "b"], "y", (multiply, a_shift, a_scale, b_shift, b_scale, relu,
-                                                   float(dst["dst_scale"]), 17, 0, 255, False))],
+    expected = join_q(multiply, a, a_shift, np.float32(a_scale), b, b_shift, np.float32(b_scale), relu,
+                      **({} if to_float else dst))
+    to = None if to_float else (float(dst["dst_scale"]), 17, 0, 255, False)
+    program = Program([("join", ["a", "b"], "y", (multiply, a_shift, a_scale, b_shift, b_scale, relu, to))],
                       ["a", "b"], ["y"], threads=2)
     assert same_bits(program(a, b)[0], expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(1, 1, 1, 1), (2, 3, 7, 7), (1, 40, 5, 9), (3, 2, 0, 4)]),
+       st.booleans())
+def test_mean_equals_lpts_global_average_pool(seed, shape, channels_last):
+    """Added in position order either way, NaN and ±inf included; an empty map gives 0/0 as numpy does."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(0, 1, shape) * 10.0 ** rng.integers(-3, 4, shape)).astype(np.float32)
+    if x.size:
+        x.flat[rng.integers(0, x.size, 2)] = rng.choice(np.array([np.nan, np.inf, -np.inf, 3e38], np.float32), 2)
+    n, c = shape[:2]
+    conv = lpt.native.Conv(np.eye(c, dtype=np.int8).reshape(c, c, 1, 1), src_zero_point=0, multiplier=np.float32(1.0))
+    q = rng.integers(0, 256, shape).astype(np.uint8)
+    # through a 1x1 identity convolution, whose float output lies channels-last, or as given
+    instructions = [("layer", ["q"], "f", conv.instruction[1]), ("mean", ["f"], "m", None)]
+    if channels_last and 0 not in shape:
+        [got] = Program(instructions, ["q"], ["m"], threads=2)(q)
+        expected = global_average_pool(q.astype(np.float32))
+    else:
+        with np.errstate(invalid="ignore"):
+            [got] = Program([("mean", ["x"], "m", None)], ["x"], ["m"], threads=2)(x)
+            expected = global_average_pool(x)
+    assert same_bits(got, expected)
 
 
 @settings(max_examples=40, deadline=None)
@@ -119,7 +144,7 @@ def test_a_program_that_meets_an_input_it_does_not_take_gives_way_to_its_steps()
             assert same_bits(ours[output], expected[output])
 
 
-def residual_net() -> onnx.ModelProto:
+def residual_net(tail: str = "flatten") -> onnx.ModelProto:
     """A small ResNet: an Add of the input and a convolution of it (f32: the input feeds both), a stem,
     max pool, two residual blocks (one with a 1×1 projection), a classifier."""
     rng = np.random.default_rng(5)
@@ -146,7 +171,11 @@ def residual_net() -> onnx.ModelProto:
     nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
     x = add(conv(conv("pool", 8, 8, 3), 8, 8, 3, relu=False), "pool", "block1")
     x = add(conv(conv(x, 8, 16, 3, stride=2), 16, 16, 3, relu=False), conv(x, 8, 16, 1, stride=2, relu=False), "block2")
-    weights.append(numpy_helper.from_array(rng.normal(0, 0.1, (10, 16 * 4 * 4)).astype(np.float32), "fc.w"))
+    if tail == "pool":  # a classifier's: the last block's Add, the global average, the head
+        nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"]))
+        x = "pooled"
+    weights.append(numpy_helper.from_array(
+        rng.normal(0, 0.1, (10, 16 * (1 if tail == "pool" else 4 * 4))).astype(np.float32), "fc.w"))
     nodes += [helper.make_node("Flatten", [x], ["flat"]), helper.make_node("Gemm", ["flat", "fc.w"], ["y"], transB=1)]
     graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", 1, ["N", 3, 32, 32])],
                               [helper.make_tensor_value_info("y", 1, ["N", 10])], weights)
@@ -170,6 +199,28 @@ def test_residual_joins_run_natively_with_the_same_bits():
     assert same_bits(fused["y"], one_by_one["y"]) and same_bits(fused["y"], kernels_only["y"])
 
 
+def test_a_classifier_tail_joins_to_float_and_pools_in_the_same_native_call():
+    """The last block's Add has no quantize after it (the global average comes first): a join to f32,
+    then the mean, keep the whole network in one program, with the bits of the steps run one by one."""
+    fp32 = ir.serde.deserialize_model(residual_net(tail="pool"))
+    rng = np.random.default_rng(8)
+    fq = lpt.calibrate(fp32, {"x": rng.uniform(-2, 2, (16, 3, 32, 32)).astype(np.float32)}, quiet=True).model
+    model = clone(fq)
+    transform(model)
+    plan = compile_model(model, threads=2)
+    joins = [s.native[1][-1] for s in plan.steps if s.native and s.native[0] == "join"]
+    assert joins.count(None) == 1  # block2's Add, to float32
+    assert "mean" in {s.native[0] for s in plan.steps if s.native}
+    # the stem, the f32 Add of the input (onnxruntime), then everything else in one call
+    assert [s.engine for s in plan.run_steps] == [ENGINE, "", ENGINE]
+    assert plan.run_steps[-1].op_types[-6:] == ("GlobalAveragePool", "QuantizeLinear", "Flatten", "MatMulInteger",
+                                                "Cast", "Mul")
+    feeds = {"x": rng.uniform(-2, 2, (3, 3, 32, 32)).astype(np.float32)}
+    fused, one_by_one = plan.run(feeds), plan.run(feeds, keep=True)
+    kernels_only = compile_model(model, threads=1, native=False).run(feeds)
+    assert same_bits(fused["y"], one_by_one["y"]) and same_bits(fused["y"], kernels_only["y"])
+
+
 def test_a_join_of_channels_first_and_channels_last_tensors():
     """A quantized input (channels-first) joined with a convolution's output (left channels-last)."""
     rng = np.random.default_rng(7)
@@ -177,7 +228,7 @@ def test_a_join_of_channels_first_and_channels_last_tensors():
     conv = lpt.native.Conv(rng.integers(-127, 128, (4, 4, 3, 3)).astype(np.int8), pads=(1, 1, 1, 1),
                            src_zero_point=128, multiplier=np.float32(0.001), dst_scale=np.float32(0.05),
                            dst_zero_point=100, dst_dtype=np.uint8)
-    join = (False, 128.0, 0.02, 100.0, 0.05, True, 0.04, 0, 0, 255, False)
+    join = (False, 128.0, 0.02, 100.0, 0.05, True, (0.04, 0, 0, 255, False))
     program = Program([("quantize", ["x"], "q", (0.02, 128, 0, 255, False)), ("layer", ["q"], "c", conv.instruction[1]),
                        ("join", ["q", "c"], "y", join), ("join", ["c", "q"], "z", join)], ["x"], ["y", "z"], threads=2)
     q = quantize(x, np.float32(0.02), 128, 0, 255)
