@@ -159,12 +159,19 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     if not native.available() or layer.multiplier is None or layer.op == "conv_transpose":
         return None, ""
     destination = layer.destination
-    stage = dict(multiplier=layer.multiplier, bias=layer.bias, post_ops=layer.post_ops, threads=threads)
-    if destination is not None:
-        if not destination.is_per_tensor:
-            return None, ""
+    if destination is not None and not destination.is_per_tensor:
+        return None, ""
+    # The engine's output stage clips (Relu, Clip); from the first other post-op on (Sigmoid, whose exp
+    # is numpy's), the step finishes in numpy on the engine's f32 values, as kernels.output_stage does.
+    first_other = next((i for i, op in enumerate(layer.post_ops) if not isinstance(op, (kernels.Relu, kernels.Clip))),
+                       len(layer.post_ops))
+    in_engine, tail = layer.post_ops[:first_other], layer.post_ops[first_other:]
+    stage = dict(multiplier=layer.multiplier, bias=layer.bias, post_ops=in_engine, threads=threads)
+    if destination is not None and not tail:
         stage.update(dst_scale=destination.scale, dst_zero_point=destination.zero_point, qmin=destination.qmin,
                      qmax=destination.qmax, dst_dtype=destination.zero_point.dtype)
+    if tail and layer.weights is None:
+        return None, ""
     if layer.weights is None:
         return _native_product(layer, stage, threads)
     stage.update(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point)
@@ -180,6 +187,15 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     except native.Unsupported as why:
         logger.debug("%s layer stays on lpt's kernels: %s", layer.op, why)
         return None, ""
+
+    if tail:
+        def run(x):
+            out = operation(x)
+            for op in tail:
+                out = op.apply(out)
+            return [out if destination is None else destination.quantize(out, in_place=True)]
+
+        return run, native.engine_name(operation.route)
 
     def run(x):
         return [operation(x)]

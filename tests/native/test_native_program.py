@@ -107,18 +107,26 @@ def test_an_instruction_that_does_not_take_its_input_raises_unsupported():
         program(np.zeros((1, 1, 4, 4), np.float32))
 
 
-@pytest.mark.parametrize("name", ["digits_cnn", "conv_net"])
+@pytest.mark.parametrize("name", ["digits_cnn", "conv_net", "digits_zoo", "digits_transformer"])
 def test_a_plan_runs_its_int8_body_as_one_native_call_with_the_same_bits(name, tmp_path):
+    """digits_zoo has a squeeze-excite Sigmoid (the engine's f32 values, then numpy's exp), digits_transformer
+    attention's products of two activations."""
     if name == "conv_net":
         _, model = conv_net()
         lpt.transform(model)
         feeds = {"x": np.random.default_rng(1).uniform(-3, 3, (3, 3, 8, 8)).astype(np.float32)}
     else:
-        result = lpt.quantize(f"{MODELS}/digits_cnn.onnx", subset_size=16)
-        result.save(tmp_path / "digits_cnn")
-        model = read_model(tmp_path / "digits_cnn.int8.onnx")
-        feeds = {"input": np.load(f"{MODELS}/digits_cnn.test.npz")["input"][:9]}
+        result = lpt.quantize(f"{MODELS}/{name}.onnx", subset_size=16)
+        result.save(tmp_path / name)
+        model = read_model(tmp_path / f"{name}.int8.onnx")
+        test = np.load(f"{MODELS}/{name}.test.npz")
+        feeds = {key: test[key][:9] for key in test.files if key in {v.name for v in model.graph.inputs}}
     plan = compile_model(model, threads=2)
+    engines = {s.op_types[-1]: s.engine for s in plan.steps if s.layer is not None}
+    if name == "digits_zoo":
+        assert lpt.native.is_native_engine(engines["Sigmoid"])
+    if name == "digits_transformer":
+        assert sum(s.engine == lpt.native.PRODUCT_ENGINE for s in plan.steps) == 2
     programs = [s for s in plan.run_steps if s.engine == ENGINE]
     assert programs and len(plan.run_steps) < len(plan.steps)
     fused = plan.run(feeds)
