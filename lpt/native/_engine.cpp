@@ -195,13 +195,14 @@ struct Operation {
     OutputStage stage;
     std::map<std::vector<int64_t>, std::unique_ptr<Prepared>> prepared;  // key: source dims + signedness
     std::string last_impl;
-    // route s16: the geometry, the packed weights, and the scratch of a run (widened source, accumulators)
+    // route s16: the geometry, the packed weights, the output stage as the kernel applies it (on
+    // arrays padded to 16 channels), and the accumulators where a caller asks for them or for
+    // channels-first values (run_s16 keeps the widened source, per thread)
     lpt_s16::Geometry geometry{};
     lpt_s16::PackedWeights packed;
-    std::vector<int16_t> wide;
-    std::vector<int32_t> acc;
-    lpt_s16::Epilogue epilogue;               // the output stage, on arrays padded to 16 channels:
+    lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
+    std::vector<int32_t> acc;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
 
@@ -571,23 +572,24 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const int64_t positions = conv ? g.out_h(h) * g.out_w(w) : w;
     const size_t items = (size_t)(images * positions * op.out_channels);
     if (out_bytes != items * item_size(dst)) throw std::invalid_argument("out does not have the output's size");
-    op.wide.resize(lpt_s16::widened_size(g, images, h, w));
+    // One widened source per calling thread, shared by every layer it runs: a network's layers then
+    // reuse the same cache-warm memory instead of each keeping its own.
+    thread_local std::vector<int16_t> wide;
+    wide.resize(lpt_s16::widened_size(g, images, h, w));
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
-                   op.wide.data(), op.threads);
+                   wide.data(), op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
-        lpt_s16::convolve_staged(op.wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
+        lpt_s16::convolve_staged(wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
     } else {
         op.acc.resize(items);
-        lpt_s16::convolve(op.wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
+        lpt_s16::convolve(wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
         finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
+        if (items * sizeof(int32_t) > KEEP_SCRATCH_BYTES) std::vector<int32_t>().swap(op.acc);
     }
     op.last_impl = "lpt:s16_avx2";
-    if (items * sizeof(int32_t) + op.wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) {
-        std::vector<int16_t>().swap(op.wide);
-        std::vector<int32_t>().swap(op.acc);
-    }
+    if (wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) std::vector<int16_t>().swap(wide);
 }
 
 // One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
