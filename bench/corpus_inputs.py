@@ -45,6 +45,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import numpy as np
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -339,6 +341,40 @@ def _image(shape: tuple[int, ...], seed: int, text_line: bool) -> np.ndarray:
     if channels == 1:
         resized = resized.mean(axis=2, keepdims=True)
     return resized.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def photo_folder(folder: Path, seeds: range, text_line: bool, aspect: float) -> Path:
+    """`folder` filled with one JPEG per seed (quality 92, 8-bit RGB): the crop _image would make, not
+    resized, so that lpt's image loader (lpt.data) decodes, resizes and scales it as a user's photos.
+    `aspect` (width / height of the model's input) shapes a text line's crop as _image does."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        crop = _crop(seed, text_line, aspect)
+        Image.fromarray(np.ascontiguousarray(crop, dtype=np.uint8)).save(folder / f"{seed:03d}.jpg", quality=92)
+    return folder
+
+
+def _crop(seed: int, text_line: bool, aspect: float) -> np.ndarray:
+    """The [H, W, 3] uint8 crop of sample `seed`: a line of the scanned page, or part of a photo."""
+    rng = np.random.default_rng(seed)
+    if text_line:
+        source = _photo("page")
+        rows = _text_rows(source)
+        top, bottom = rows[rng.integers(0, len(rows))]
+        margin = (bottom - top) * rng.uniform(0.2, 0.6)
+        top, bottom = max(0, int(top - margin)), min(source.shape[0], int(bottom + margin))
+        length = min(source.shape[1], int((bottom - top) * aspect * rng.uniform(0.8, 1.3)))
+        left = rng.integers(0, source.shape[1] - length + 1)
+        return source[top:bottom, left:left + length]
+    source = _photo(PHOTOS[seed % len(PHOTOS)])
+    rows, cols = source.shape[:2]
+    side = rng.uniform(0.4, 1.0)
+    crop_rows, crop_cols = int(rows * side), int(cols * side)
+    top, left = rng.integers(0, rows - crop_rows + 1), rng.integers(0, cols - crop_cols + 1)
+    crop = source[top:top + crop_rows, left:left + crop_cols]
+    return crop[:, ::-1] if rng.random() < 0.5 else crop
 
 
 def _text_rows(page: np.ndarray) -> list[tuple[int, int]]:

@@ -60,7 +60,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
-from corpus_inputs import Feed, MissingPackage, Recipe, make_samples, stack
+from corpus_inputs import Feed, MissingPackage, Recipe, make_samples, photo_folder, stack
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus.tsv"
@@ -378,8 +378,12 @@ def prepare(entry: Entry, corpus: list[Entry], args, work: Path, result: ModelRe
 
     def make_inputs():
         upstream = lambda name: str(fetch(by_name[name], args.cache))
-        calibration = make_samples(recipe, CALIBRATION, upstream)
-        evaluation = make_samples(recipe, EVALUATION, upstream)
+        if entry.name in PHOTO_OPTIONS:  # JPEGs in folders, read by lpt's image loader with options alone
+            calibration, evaluation = (photo_samples(entry.name, model, recipe, here / f"photos_{part}", seeds)
+                                       for part, seeds in (("calibration", CALIBRATION), ("evaluation", EVALUATION)))
+        else:
+            calibration = make_samples(recipe, CALIBRATION, upstream)
+            evaluation = make_samples(recipe, EVALUATION, upstream)
         fp32 = ort_session(model, args.threads)
         shapes = {i.name: i.shape for i in fp32.get_inputs()}
         np.savez(here / "calibration.npz", **stack(calibration, shapes))
@@ -387,6 +391,31 @@ def prepare(entry: Entry, corpus: list[Entry], args, work: Path, result: ModelRe
         return Prepared(model, here, calibration, evaluation, ort_outputs(fp32, evaluation), fp32)
 
     return attempt(result, "inputs", make_inputs)
+
+
+# The OCR models take real photos (scikit-image's, written as JPEGs) through lpt.data with these options,
+# RapidOCR 3.10's own preprocessing (rapidocr/config.yaml, ch_ppocr_det/utils.py DetPreProcess,
+# ch_ppocr_rec/main.py resize_norm_img): BGR images (cv2), x/255, mean 0.5, std 0.5, for the detector
+# as for the recognizer; the size (640×640, 48×320) comes from the input shape. RapidOCR keeps a text
+# line's aspect and pads it on the right; lpt stretches it to 48×320 (the crops are near that aspect).
+PHOTO_OPTIONS = {"ppocrv6_det_small": {"preset": "minus1to1", "color": "BGR"},
+                 "ppocrv6_rec_small": {"preset": "minus1to1", "color": "BGR"}}
+
+
+def photo_samples(name: str, model: Path, recipe: Recipe, folder: Path, seeds: range) -> list[dict]:
+    """One feed per seed: a JPEG per seed written into `folder` (corpus_inputs.photo_folder), decoded
+    and preprocessed by lpt.open_data with PHOTO_OPTIONS[name] and the example feed's size alone."""
+    import lpt
+    from lpt.calibration.data import CalibrationData, input_specs
+
+    fp32 = lpt.read_model(model)
+    (spec,) = input_specs(fp32)
+    _, _, height, width = recipe.feeds[0].shape  # the detector's input is [1, 3, ?, ?]: the table's size
+    photo_folder(folder, seeds, text_line="rec" in name, aspect=width / height)
+    options = lpt.ImageOptions(**PHOTO_OPTIONS[name], resize=(height, width))
+    source = lpt.open_data(folder, fp32, image=options)
+    progress(f"{name}: {source.describe()}")
+    return list(CalibrationData(source, [spec], batch_size=1).batches())
 
 
 def lpt_steps(entry: Entry, p: Prepared, args, result: ModelResult):

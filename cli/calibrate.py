@@ -34,6 +34,20 @@ def batch_axis_option(command):
                              "guessed from the model's input shapes. Repeatable.")(command)
 
 
+def ray_options(command):
+    """--ray [ADDRESS] and --ray-workers N (calibrate, compare, quantize): lpt.distributed."""
+    command = click.option(
+        "--ray-workers", type=click.IntRange(min=1), metavar="N",
+        help="With --ray: how many Ray workers share the batches (default: one per CPU of the cluster). "
+             "E.g. --ray-workers 8")(command)
+    return click.option(
+        "--ray", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+        help="Share the passes over DATA among Ray workers, each with its own session or compiled plan; "
+             "statistics and metrics are merged to what one process gets. Without ADDRESS (or --ray local), Ray "
+             "starts on this machine; else an existing cluster (needs pip install 'lpt[ray]'). E.g. --ray, --ray auto, "
+             "--ray ray://head:10001")(command)
+
+
 def overflow_fix_option(command):
     """--overflow-fix auto|none|first|all (calibrate, quantize): lpt.calibration.overflow_fix."""
     return click.option(
@@ -44,6 +58,26 @@ def overflow_fix_option(command):
              "a layer's output on the data, just enough (passes over it emulating that CPU); first, the first "
              "layer on 7 bits; all, every layer on 7 bits (NNCF's overflow fix); none, keep 8 bits (e.g. a model "
              "served on VNNI CPUs only: --overflow-fix none).")(command)
+
+
+def smooth_quant_option(command):
+    """--smooth-quant ALPHA (calibrate, quantize): lpt.calibration.smooth_quant."""
+    return click.option(
+        "--smooth-quant", type=click.FloatRange(0.0, 1.0), metavar="ALPHA",
+        help="SmoothQuant: before placing FQs, divide each MatMul/Gemm input channel by s = max|X|^ALPHA / "
+             "max|W|^(1-ALPHA) and multiply the weight rows by s (absorbed into a LayerNorm or the producing "
+             "MatMul, else an inserted Mul); the fp32 function is unchanged, activation outliers move into the "
+             "weights. One more pass over the data. Default: off. E.g. --smooth-quant 0.5")(command)
+
+
+def say_smoothed(report) -> None:
+    """What SmoothQuant did, one line per smoothed activation."""
+    if report.smooth_quant is None:
+        return
+    say(f"smooth quant (alpha {report.smooth_quant:g}): {len(report.smoothed)} activations smoothed")
+    for t in report.smoothed:
+        say(f"  {t['tensor']} → {', '.join(t['layers'])}: absorbed by {t['absorbed_by']}, largest channel "
+            f"{t['outlier_ratio']:.1f} → {t['outlier_ratio_after']:.1f}× the median")
 
 
 def say_narrowed(report) -> None:
@@ -79,16 +113,19 @@ def default_output(model: Path) -> Path:
               help="Leave matching nodes in f32 (node name, regex on names, or op type); repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
 @overflow_fix_option
+@smooth_quant_option
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf instead of refusing the data.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary; print only where the model was written.")
 @click.option("-o", "--output", type=click.Path(), help="Where to write the FQ model. "
               "Default: MODEL_STEM.fq.onnx beside MODEL.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists (never the input).")
+@ray_options
 @data_options
 def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_size: int,
               batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, overflow_fix: str,
-              skip_nonfinite: bool,
-              quiet: bool, output: str | None, force: bool, data_options: DataOptions, files: Files) -> None:
+              smooth_quant: float | None, skip_nonfinite: bool,
+              quiet: bool, output: str | None, force: bool, ray: str | None, ray_workers: int | None,
+              data_options: DataOptions, files: Files) -> None:
     """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
 
     Activations get per-tensor ranges from the statistics, weights symmetric int8 per output
@@ -100,6 +137,8 @@ def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_
       lpt calibrate models/digits_cnn.onnx                  uses models/digits_cnn.npz
       lpt calibrate model.onnx --data samples/ --estimator mse --ignore re:^/head/ -o model.fq.onnx
       lpt calibrate yolo.onnx --data photos/ --preprocess yolo      JPEGs, letterboxed to the model's size
+      lpt calibrate resnet.onnx --data photos/ --preprocess imagenet --ray      statistics on Ray workers
+      lpt calibrate models/digits_transformer.onnx --smooth-quant 0.5
     """
     at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
@@ -110,7 +149,8 @@ def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_
                           "-o" if output is not None else "the default output", force=force)
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
-                             quiet=quiet, batch_axes=axes, overflow_fix=overflow_fix)
+                             quiet=quiet, batch_axes=axes, overflow_fix=overflow_fix, smooth_quant=smooth_quant,
+                             ray=ray, ray_workers=ray_workers)
     lpt.save(result.model, output, overwrite=force)
     if not quiet:
         print_summary(result.report, model)
@@ -136,4 +176,5 @@ def print_summary(report, model: Path) -> None:
     skipped = f", {report.skipped_samples} skipped for NaN/Inf" if report.skipped_samples else ""
     corrected = f"; {len(report.bias_corrected)} biases corrected" if report.bias_corrected else ""
     say_narrowed(report)
+    say_smoothed(report)
     say(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")

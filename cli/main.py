@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 import lpt
-from cli.calibrate import batch_axis_option, overflow_fix_option, say_narrowed
+from cli.calibrate import (batch_axis_option, overflow_fix_option, ray_options, say_narrowed, say_smoothed,
+                           smooth_quant_option)
 from cli.data_options import DataOptions, data_options, open_folder, say_skipped
 from lpt.data.suggest import suggest as suggest_data
 from lpt.calibration import Estimator
@@ -330,7 +332,12 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @click.option("--ignore", multiple=True, help="Leave in f32: a node name, re:REGEX, or an op type. Repeatable.")
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
 @overflow_fix_option
+@smooth_quant_option
 @click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
+@click.option("--dynamic", is_flag=True, help="Dynamic quantization (onnxruntime's quantize_dynamic form), no "
+              "calibration: MatMul/Gemm weights 8-bit per channel, activation ranges measured at run time "
+              "(DynamicQuantizeLinear), LSTM/GRU input weights int8; the data only measures agreement with fp32. "
+              "E.g. lpt quantize plcmos_v2.onnx --dynamic --data samples.npz")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf (with a warning) instead of refusing the data.")
 @click.option("--json", "json_path", type=click.Path(), help="Also write the report as JSON here.")
 @click.option("--force", is_flag=True, help="Replace existing outputs (never the input).")
@@ -349,12 +356,14 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @click.option("--max-time", type=float, default=600, show_default=True, metavar="SECONDS",
               help="Stop the accuracy search after SECONDS; the best model found is written either way.")
 @batch_axis_option
+@ray_options
 @_one_line_errors
 @data_options
 def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, overflow_fix,
-             recalibrate,
+             smooth_quant, recalibrate,
              skip_nonfinite, json_path, force, quiet, max_drop, min_sqnr, labels_key, eval_data, max_time, batch_axes,
-             data_options: DataOptions, files: paths.Files) -> None:
+             data_options: DataOptions, files: paths.Files, dynamic: bool = False, ray: str | None = None,
+             ray_workers: int | None = None) -> None:
     """Quantize MODEL to int8 and tell how it went: the whole pipeline in one command.
 
     An fp32 MODEL is calibrated on the data and fake-quantized; a model that is already
@@ -373,9 +382,14 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
       lpt quantize models/digits_cnn.onnx
       lpt quantize my_model.onnx --data samples.npz --preset mixed -o build/my_model
       lpt quantize models/digits_zoo.onnx --max-drop 0.3 --labels labels --eval-data models/digits_zoo.test.npz
+      lpt quantize models/digits_transformer.onnx --smooth-quant 0.5      SmoothQuant before placement
       lpt quantize resnet.onnx --data photos/ --preprocess imagenet      photos/CLASS/*.jpg: top-1 and top-5
+      lpt quantize speech_gru.onnx --dynamic --data samples.npz          no calibration: quantize_dynamic's form
+      lpt quantize resnet.onnx --data photos/ --preprocess imagenet --ray      passes over the data on Ray workers
     """
     at_least("--subset-size", subset_size, 1)
+    if dynamic and click.get_current_context().get_parameter_source("overflow_fix") == ParameterSource.DEFAULT:
+        overflow_fix = None  # static calibration's default; --dynamic refuses only an explicit --overflow-fix
     axes = parse_batch_axes(batch_axes)
     model = files.model(model)
     data = files.data(_default_data(model, data))
@@ -397,10 +411,12 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
     try:
         result = lpt.quantize(model, data, preset=preset,
                               estimator=estimator, subset_size=subset_size, ignore=ignore,
-                              bias_correction=not no_bias_correction, recalibrate=recalibrate,
+                              bias_correction=not no_bias_correction, recalibrate=recalibrate, dynamic=dynamic,
                               skip_nonfinite=skip_nonfinite, batch_axes=axes,
                               max_drop=max_drop, min_sqnr=min_sqnr, labels=labels_key, eval_data=eval_data,
-                              max_time=max_time, overflow_fix=overflow_fix, quiet=quiet or not console.is_terminal,
+                              max_time=max_time, overflow_fix=overflow_fix, smooth_quant=smooth_quant,
+                              quiet=quiet or not console.is_terminal,
+                              ray=ray, ray_workers=ray_workers,
                               on_stage=(lambda name: status.update(name)) if status is not None else None)
     finally:
         if status is not None:
@@ -427,6 +443,9 @@ def _print_quantize_report(report) -> None:
         for skipped in c.left_f32:
             say(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
         say_narrowed(c)
+        say_smoothed(c)
+    elif report.dynamic is not None:
+        _print_dynamic(report.dynamic)
     else:
         console.print("the model was already fake-quantized: calibration skipped")
     ops = report.to_dict()["ops"]
@@ -442,7 +461,7 @@ def _print_quantize_report(report) -> None:
         say(f"  {o.output} vs {o.against}: max |diff| {o.max_abs_diff:.3g}" + (f" ({o.note})" if o.note else ""))
     _say_engines(check)
     agreement = report.agreement
-    reference = "fp32" if report.calibration is not None else "the FQ model"
+    reference = "fp32" if report.calibration is not None or report.dynamic is not None else "the FQ model"
     for name, a in agreement.outputs.items():
         say(f"{reference} vs int8 on lpt's backend, {name}: SQNR {a.sqnr_db:.1f} dB, cosine {a.cosine:.6f}, "
                       f"max |err| {a.max_abs_error:.3g}")
@@ -453,6 +472,15 @@ def _print_quantize_report(report) -> None:
     if report.accuracy_control is not None:
         _print_accuracy_control(report.accuracy_control)
     console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items()))
+
+
+def _print_dynamic(dynamic) -> None:
+    say(f"quantized dynamically (no calibration): {len(dynamic.quantized)} ops with run-time activation scales, "
+        f"{len(dynamic.weights_only)} recurrent ops with int8 weights, {len(dynamic.left_f32)} left f32")
+    for op in dynamic.quantized + dynamic.weights_only:
+        say(f"  {op.node} ({op.op_type}): {op.how}")
+    for op in dynamic.left_f32:
+        say(f"  left f32: {op.node} ({op.op_type}): {op.how}")
 
 
 def _say_accuracy(top1, reference: str, candidate: str) -> None:
@@ -511,10 +539,12 @@ def _print_accuracy_control(control) -> None:
 @click.option("--plot", type=click.Path(), help="Draw the per-layer SQNR as a PNG bar chart.")
 @click.option("--force", is_flag=True, help="Replace existing --json/--plot files.")
 @batch_axis_option
+@ray_options
 @_one_line_errors
 @data_options
 def compare_command(reference, candidate, data, labels_key, backend, per_layer, emulate, json_path, plot, force,
-                    batch_axes, data_options: DataOptions, files: paths.Files) -> None:
+                    batch_axes, data_options: DataOptions, files: paths.Files, ray: str | None = None,
+                    ray_workers: int | None = None) -> None:
     """Compare CANDIDATE (an FQ or int8 model) with REFERENCE (usually the fp32 model).
 
     Per output: SQNR, cosine similarity, max and mean absolute error; with --labels, top-1
@@ -526,6 +556,7 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
       lpt compare models/digits_cnn.onnx models/digits_cnn.ort_qdq.onnx \\
           --data models/digits_cnn.test.npz --labels labels --per-layer
       lpt compare resnet.onnx resnet.fq.onnx --data val/     val/CLASS/*.jpg, preprocessed as at calibration
+      lpt compare resnet.onnx resnet.fq.onnx --data val/ --ray ray://head:10001      on a Ray cluster
     """
     axes = parse_batch_axes(batch_axes)
     reference = files.model(reference, "the reference model")
@@ -535,7 +566,8 @@ def compare_command(reference, candidate, data, labels_key, backend, per_layer, 
     json_path = files.output(json_path, "--json", force=force)
     plot = files.output(plot, "--plot", force=force)
     comparison = lpt.compare(reference, candidate, data, labels=labels_key, backend=backend,
-                             per_layer=per_layer or plot is not None, batch_axes=axes, emulate=emulate)
+                             per_layer=per_layer or plot is not None, batch_axes=axes, emulate=emulate,
+                             ray=ray, ray_workers=ray_workers)
     say_skipped(data)
     result = comparison.to_dict()
     table = Table(title=f"{candidate.name} vs {reference.name} ({backend}{', emulating ' + emulate if emulate else ''})",

@@ -74,7 +74,8 @@ class Comparison:
 
 def compare(reference, candidate, data, *, labels: str | None = None, backend: str = "lpt",
             per_layer: bool = False, batch_size: int = 32,
-            batch_axes: dict[str, int | None] | None = None, emulate: str | None = None) -> Comparison:
+            batch_axes: dict[str, int | None] | None = None, emulate: str | None = None,
+            ray: str | None = None, ray_workers: int | None = None) -> Comparison:
     """Compare `candidate` with `reference` (paths or ir.Models) on `data`; see Comparison.to_dict.
     `batch_axes` ({input name: axis, or None for a fixed input}) overrides the guessed batch axes.
     `emulate="avx2"`: lpt's backend computes the int8 layers as onnxruntime's u8×s8 kernels do on a CPU
@@ -83,7 +84,10 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     `labels`: the key of the labels in a .npz or dict, a CSV `file,label` for a folder, or the labels
     themselves; a folder with class subfolders (or lpt.Dataset with `label`) brings its own. A folder
     of images or audio is preprocessed as the candidate's metadata records (else the reference's,
-    else as the input shapes suggest: lpt.data.open_data)."""
+    else as the input shapes suggest: lpt.data.open_data).
+    `ray`: "local" (ray.init() on this machine) or a Ray address: the batches are evaluated on
+    `ray_workers` Ray workers (default: one per CPU of the cluster) and their tallies merged
+    (lpt.distributed)."""
     import lpt
 
     if backend not in BACKENDS:
@@ -98,50 +102,101 @@ def compare(reference, candidate, data, *, labels: str | None = None, backend: s
     data = open_data(data, recorded, labels=csv, batch_axes=batch_axes)
     inputs, label_array = split_labels(data, None if csv else labels, [s.name for s in specs])
     dataset = CalibrationData(inputs, specs, batch_size=batch_size, batch_axes=batch_axes)
-    output_names = [v.name for v in reference.graph.outputs]
+    if ray is not None:
+        if emulate is not None:
+            raise DataError("emulate and ray: the saturation report is per process; run --emulate without --ray")
+        from lpt.distributed import evaluate
 
-    plan, probes = None, {}
-    reference_names = {v.name for n in reference.graph for v in n.outputs} | {v.name for v in reference.graph.inputs}
-    local = _fake_quantize_points(candidate, reference_names) if per_layer else {}
-    if backend == "lpt":
-        int8 = lpt.clone(candidate)
-        lpt.transform(int8)
-        plan = lpt.compile_model(int8, emulate=emulate)
-        if per_layer:
-            probes = _quantized_probes(int8, plan, set(local))
-    elif per_layer:  # onnxruntime: each FakeQuantize's output, which keeps its name in the saved QDQ model
-        probes = {source: (output, None, "onnxruntime") for source, (output, _) in local.items()}
-
-    outputs = {name: Agreement() for name in output_names}
-    accumulated = {name: Agreement() for name in probes}
-    introduced = {name: Agreement() for name in probes}
-    top1, seen = TopOne(), 0
+        tallies, precisions = evaluate(reference, candidate, dataset, label_array, address=ray, workers=ray_workers,
+                                       backend=backend, per_layer=per_layer)
+        return _comparison(backend, reference, tallies, precisions, label_array is not None)
+    evaluator = Evaluator(reference, candidate, backend=backend, per_layer=per_layer, emulate=emulate)
+    seen = 0
     for batch in dataset.batches():
-        expected, _ = run_fake_quantized(reference, batch, output_names + list(probes))
-        if plan is not None:
-            got = plan.run(batch, keep=per_layer)
-        else:
-            got = _run_candidate_in_onnxruntime(candidate, batch, output_names + [p[0] for p in probes.values()])
-        for name in output_names:
-            outputs[name].add(expected[name], got[name])
-        for name, (tensor, dequantize, _) in probes.items():
-            accumulated[name].add(expected[name], dequantize(got[tensor]) if dequantize else got[tensor])
-            introduced[name].add(expected[name], local[name][1].apply(expected[name]))
-        first = output_names[0]
-        if is_classifier_output(expected[first]):
-            rows = len(expected[first])
-            batch_labels = None if label_array is None else label_array[seen:seen + rows]
-            top1.add(expected[first], got[first], batch_labels)
-            seen += rows
-    producers = {n.outputs[0].name: n.op_type for n in reference.graph}
-    result = Comparison(backend, outputs, top1 if top1.count else None, label_array is not None)
-    result.layers = sorted((LayerComparison(name, producers.get(name, "input"), introduced[name].sqnr_db,
-                                            accumulated[name].sqnr_db, probes[name][2]) for name in probes),
-                           key=lambda layer: layer.sqnr_db)
+        rows = dataset.samples_in(batch)
+        evaluator.add(batch, None if label_array is None else label_array[seen:seen + rows])
+        seen += rows
+    result = _comparison(backend, reference, evaluator.tallies, evaluator.precisions, label_array is not None)
     if emulate is not None:
         from lpt.backend.emulation import saturation_report
 
-        result.emulate, result.saturation = emulate, saturation_report(plan)
+        result.emulate, result.saturation = emulate, saturation_report(evaluator.plan)
+    return result
+
+
+@dataclass
+class Tallies:
+    """What evaluating batches accumulates: per output, per probed layer (accumulated and introduced
+    error), top-1. `merge` folds in another's (other batches: lpt.distributed's workers)."""
+
+    outputs: dict[str, Agreement]
+    accumulated: dict[str, Agreement]
+    introduced: dict[str, Agreement]
+    top1: TopOne = field(default_factory=TopOne)
+
+    def merge(self, other: Tallies) -> Tallies:
+        for mine, theirs in ((self.outputs, other.outputs), (self.accumulated, other.accumulated),
+                             (self.introduced, other.introduced)):
+            for name, agreement in mine.items():
+                agreement.merge(theirs[name])
+        self.top1.merge(other.top1)
+        return self
+
+
+class Evaluator:
+    """The candidate compiled (lpt) or not (onnxruntime) once; `add(batch, labels)` runs both models on
+    a batch and updates `tallies`."""
+
+    def __init__(self, reference: ir.Model, candidate: ir.Model, *, backend: str = "lpt", per_layer: bool = False,
+                 emulate: str | None = None):
+        import lpt
+
+        self.reference, self.candidate, self.per_layer = reference, candidate, per_layer
+        self.output_names = [v.name for v in reference.graph.outputs]
+        self.plan, probes = None, {}
+        reference_names = ({v.name for n in reference.graph for v in n.outputs}
+                           | {v.name for v in reference.graph.inputs})
+        self.local = _fake_quantize_points(candidate, reference_names) if per_layer else {}
+        if backend == "lpt":
+            int8 = lpt.clone(candidate)
+            lpt.transform(int8)
+            self.plan = lpt.compile_model(int8, emulate=emulate)
+            if per_layer:
+                probes = _quantized_probes(int8, self.plan, set(self.local))
+        elif per_layer:  # onnxruntime: each FakeQuantize's output, which keeps its name in the saved QDQ model
+            probes = {source: (output, None, "onnxruntime") for source, (output, _) in self.local.items()}
+        self.probes = probes
+        self.precisions = {name: probe[2] for name, probe in probes.items()}
+        self.tallies = Tallies({name: Agreement() for name in self.output_names},
+                               {name: Agreement() for name in probes}, {name: Agreement() for name in probes})
+
+    def add(self, batch: dict, labels=None) -> None:
+        """Run reference and candidate on `batch` (with its `labels`, or None) and update the tallies."""
+        probes, tallies = self.probes, self.tallies
+        expected, _ = run_fake_quantized(self.reference, batch, self.output_names + list(probes))
+        if self.plan is not None:
+            got = self.plan.run(batch, keep=self.per_layer)
+        else:
+            got = _run_candidate_in_onnxruntime(self.candidate, batch,
+                                                self.output_names + [p[0] for p in probes.values()])
+        for name in self.output_names:
+            tallies.outputs[name].add(expected[name], got[name])
+        for name, (tensor, dequantize, _) in probes.items():
+            tallies.accumulated[name].add(expected[name], dequantize(got[tensor]) if dequantize else got[tensor])
+            tallies.introduced[name].add(expected[name], self.local[name][1].apply(expected[name]))
+        first = self.output_names[0]
+        if is_classifier_output(expected[first]):
+            tallies.top1.add(expected[first], got[first], labels)
+
+
+def _comparison(backend: str, reference: ir.Model, tallies: Tallies, precisions: dict[str, str],
+                has_labels: bool) -> Comparison:
+    """The Comparison of the tallies: layers ranked by the SQNR their own quantization costs."""
+    producers = {n.outputs[0].name: n.op_type for n in reference.graph}
+    result = Comparison(backend, tallies.outputs, tallies.top1 if tallies.top1.count else None, has_labels)
+    result.layers = sorted((LayerComparison(name, producers.get(name, "input"), tallies.introduced[name].sqnr_db,
+                                            tallies.accumulated[name].sqnr_db, precisions[name])
+                            for name in precisions), key=lambda layer: layer.sqnr_db)
     return result
 
 

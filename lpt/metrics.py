@@ -31,6 +31,17 @@ class Agreement:
         self.max_abs_error = max(self.max_abs_error, float(np.abs(error).max(initial=0)))
         self.count += r.size
 
+    def merge(self, other: Agreement) -> Agreement:
+        """Fold in `other`'s sums (other samples; lpt.distributed): equal to one pass to float64 rounding."""
+        self.signal += other.signal
+        self.noise += other.noise
+        self.dot += other.dot
+        self.candidate_energy += other.candidate_energy
+        self.abs_error_sum += other.abs_error_sum
+        self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
+        self.count += other.count
+        return self
+
     @property
     def sqnr_db(self) -> float:
         """10·log10(Σ ref² / Σ (ref − cand)²); +inf when they are equal."""
@@ -79,6 +90,17 @@ class TopOne:
                 self.reference_top5_correct += _in_top5(reference, labels)
                 self.candidate_top5_correct += _in_top5(candidate, labels)
         self.count += r.size
+
+    def merge(self, other: TopOne) -> TopOne:
+        """Fold in `other`'s counts (other samples; lpt.distributed): exact."""
+        self.reference_correct += other.reference_correct
+        self.candidate_correct += other.candidate_correct
+        self.agree += other.agree
+        self.count += other.count
+        self.reference_top5_correct += other.reference_top5_correct
+        self.candidate_top5_correct += other.candidate_top5_correct
+        self.top5 = self.top5 or other.top5
+        return self
 
     @property
     def reference_top5(self) -> float:

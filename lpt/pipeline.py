@@ -30,6 +30,9 @@ from lpt.calibration.accuracy_control import (
     control_accuracy,
 )
 from lpt.calibration.data import CalibrationData, data_beside, input_specs, split_labels
+from lpt.calibration.dynamic import DynamicReport, integer_agreement, quantize_dynamic
+from lpt.calibration.dynamic import check_options as check_dynamic_options
+from lpt.calibration.smooth_quant import smoothed_copy
 from lpt.compare import Comparison, compare
 from lpt.data.sources import FolderSource, open_data, record_preprocess
 from lpt.errors import DataError, ModelError, QuantizationError
@@ -55,6 +58,7 @@ class QuantizeReport:
     seconds: dict[str, float] = field(default_factory=dict)
     accuracy_control: AccuracyControlReport | None = None  # with max_drop / min_sqnr: what was reverted
     data: dict | None = None  # a folder of images or audio: its files, preprocessing and files skipped as bad
+    dynamic: DynamicReport | None = None  # with dynamic=True: which ops were quantized dynamically, which not
 
     @property
     def int8_ops(self) -> int:
@@ -67,7 +71,8 @@ class QuantizeReport:
             calibration = {"preset": c.preset, "estimator": c.estimator, "fake_quantizes": c.fake_quantizes,
                            "left_f32": [{"node": s.node, "op": s.op_type, "reason": s.reason} for s in c.left_f32],
                            "samples": c.samples, "bias_corrected": list(c.bias_corrected),
-                           "overflow_fix": c.overflow_fix, "narrowed": [dict(n.__dict__) for n in c.narrowed]}
+                           "overflow_fix": c.overflow_fix, "narrowed": [dict(n.__dict__) for n in c.narrowed],
+                           "smooth_quant": c.smooth_quant, "smoothed": list(c.smoothed)}
         return {
             "calibration": calibration,
             "ops": {k: sum(p.precision == k for p in self.precisions)
@@ -82,6 +87,7 @@ class QuantizeReport:
             "seconds": self.seconds,
             "accuracy_control": None if self.accuracy_control is None else self.accuracy_control.to_dict(),
             "data": self.data,
+            "dynamic": None if self.dynamic is None else self.dynamic.to_dict(),
         }
 
 
@@ -127,7 +133,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
              recalibrate: bool = False, skip_nonfinite: bool = False, quiet: bool = True,
              on_stage=None, batch_axes: dict[str, int | None] | None = None, max_drop: float | None = None,
              min_sqnr: float | None = None, max_time: float | None = DEFAULT_MAX_TIME, labels: str | None = None,
-             eval_data=None, overflow_fix: str | None = None) -> QuantizeResult:
+             eval_data=None, overflow_fix: str | None = None, smooth_quant: float | None = None,
+             dynamic: bool = False, ray: str | None = None, ray_workers: int | None = None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
     `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
@@ -138,7 +145,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     None for a fixed input}) overrides the batch axes guessed from the model (see
     lpt.calibration.data). `on_stage(name)` is called as each stage starts (the CLI shows it).
     `overflow_fix` (auto, none, first, all; default: calibrate's) says which weights go to 7 bits so
-    that AVX2's int16 pair sums cannot saturate (lpt.calibration.overflow_fix).
+    that AVX2's int16 pair sums cannot saturate (lpt.calibration.overflow_fix). `smooth_quant` (alpha
+    in [0, 1], default None: off) runs SmoothQuant before placement (lpt.calibration.smooth_quant).
 
     Accuracy control (lpt.calibration.accuracy_control): with `max_drop` (top-1 points; `labels` is
     the key of the labels in the evaluation data) or `min_sqnr` (dB, the worst output against fp32),
@@ -146,8 +154,16 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     every sample of `eval_data` (default: `data`, calibration samples included), within `max_time`
     seconds (None: no limit); the model is returned even when the target is missed, and
     report.accuracy_control says so.
+
+    `dynamic` (lpt.calibration.dynamic): no calibration; MatMul/Gemm weights to 8 bits per channel,
+    activations quantized at run time (DynamicQuantizeLinear), LSTM/GRU input weights int8; `data` only
+    measures the agreement with fp32.
+
+    `ray` ("local", or a Ray address) and `ray_workers`: calibration's statistics pass, accuracy
+    control's evaluations and the final comparison run on Ray workers (lpt.distributed).
     """
     seconds: dict[str, float] = {}
+    on_ray = {} if ray is None else {"ray": ray, "ray_workers": ray_workers}  # lpt.distributed
     stage = on_stage or (lambda name: None)
 
     def timed(name, function, *args, **kwargs):
@@ -157,6 +173,9 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         seconds[name] = time.perf_counter() - start
         return value
 
+    if dynamic:  # before any work
+        check_dynamic_options(preset=preset, estimator=estimator, max_drop=max_drop, min_sqnr=min_sqnr,
+                              overflow_fix=overflow_fix, smooth_quant=smooth_quant, recalibrate=recalibrate)
     if max_drop is not None or min_sqnr is not None:
         check_options(max_drop, min_sqnr, labels, max_time)  # before any work, not after calibrating
     if data is None:
@@ -173,23 +192,31 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     # Fake-quantized, or quantized in a form lpt runs as it is (DynamicQuantizeLinear + ConvInteger).
     already_quantized = bool(summarize(fq_model).fake_quantized) or any(
         n.op_type in QUANTIZED_OPS for n in ir.traversal.RecursiveGraphIterator(fq_model.graph))
-    calibration = accuracy_control = None
-    if not already_quantized or recalibrate:
-        options = {k: v for k, v in (("preset", preset), ("estimator", estimator), ("overflow_fix", overflow_fix))
+    calibration = accuracy_control = dynamic_report = None
+    if dynamic:
+        if already_quantized:
+            raise QuantizationError("--dynamic (dynamic=True) quantizes an fp32 model; this one is quantized already")
+        result = timed("quantize dynamically", quantize_dynamic, original, ignore=ignore)
+        fq_model, dynamic_report, reference = result.model, result.report, original
+    elif not already_quantized or recalibrate:
+        options = {k: v for k, v in (("preset", preset), ("estimator", estimator), ("overflow_fix", overflow_fix),
+                                     ("smooth_quant", smooth_quant))
                    if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
         result = timed("calibrate", calibrate, fp32, inputs, subset_size=subset_size, ignore=ignore,
                        skip_nonfinite=skip_nonfinite, batch_axes=batch_axes,
-                       bias_correction=bias_correction, quiet=quiet, **options)
+                       bias_correction=bias_correction, quiet=quiet, **options, **on_ray)
         fq_model, calibration, reference = result.model, result.report, fp32
         normalize(fq_model)
         if max_drop is not None or min_sqnr is not None:
             if eval_data is None:
                 logger.warning("accuracy control evaluates on the calibration data: pass eval_data (--eval-data) "
                                "for held-out samples")
-            control = timed("accuracy control", control_accuracy, fp32, result,
+            # FQs are reverted on the model they were placed on: smoothed (same function as fp32) if asked
+            placed_on = fp32 if result.smoothing is None else smoothed_copy(fp32, result.smoothing)
+            control = timed("accuracy control", control_accuracy, placed_on, result,
                             data if eval_data is None else eval_data, max_drop=max_drop, min_sqnr=min_sqnr,
-                            labels=labels, max_time=max_time, batch_axes=batch_axes)
+                            labels=labels, max_time=max_time, batch_axes=batch_axes, **on_ray)
             fq_model, accuracy_control = control.model, control.report
     elif max_drop is not None or min_sqnr is not None:
         raise QuantizationError("max_drop / min_sqnr revert the FQs lpt calibrated: give an fp32 model, or "
@@ -202,13 +229,17 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     plan = timed("compile", compile_model, int8_model)
     dataset = CalibrationData(inputs, input_specs(int8_model), subset_size=subset_size, skip_nonfinite=skip_nonfinite,
                               batch_axes=batch_axes)
-    check = timed("cross-check", cross_check, fq_model, int8_model, plan, check_samples(dataset))
+    samples = check_samples(dataset)
+    check = timed("cross-check", cross_check, fq_model, int8_model, plan, samples)
+    if dynamic_report is not None:  # its integer tensors vs onnxruntime's: cross_check follows FQs, it has none
+        check.tensors = check.local = integer_agreement(fq_model, plan, samples)
     # compare reads the data once: the first `subset_size` samples, as one dict (with their labels, if any)
     collected = dataset.collect()
-    agreement = timed("run", compare, reference, fq_model, collected, batch_axes=batch_axes,
+    agreement = timed("run", compare, reference, fq_model, collected, batch_axes=batch_axes, **on_ray,
                       labels=None if data_labels is None else np.asarray(list(data_labels[:dataset.count])))
     report = QuantizeReport(calibration, op_precisions(int8_model, plan), check, agreement, seconds,
-                            accuracy_control, data.summary() if isinstance(data, FolderSource) else None)
+                            accuracy_control, data.summary() if isinstance(data, FolderSource) else None,
+                            dynamic_report)
     return QuantizeResult(fq_model, int8_model, plan, report, reference, batch_axes)
 
 

@@ -11,6 +11,9 @@ runs the steps in order, each usable on its own:
     collect_statistics  steps: one pass over the data into fixed-size collectors (Statistics)
     estimate_ranges     steps: the estimator's [low, high] per tensor, or search_ranges
                         (range_search, --estimator auto): a second pass scoring candidates
+    smoothing_plan      smooth_quant (--smooth-quant ALPHA, before placement): per-channel
+                        max|X| of MatMul/Gemm inputs, one pass; apply_smoothing moves
+                        the outliers into the weights (the fp32 function unchanged)
     fake_quantizes      insertion: ranges → FQ values;  insert puts them in the graph
     bias_shifts         bias_correction: the mean error the FQs introduce;  apply_shifts
                         moves it into the biases
@@ -49,6 +52,7 @@ from lpt.calibration.overflow_fix import (MAX_ROUNDS, NarrowedLayer, channel_mas
                                           saturating_channels)
 from lpt.calibration.placement import ACTIVATION, Placement, QuantizationPoint, Skipped, place
 from lpt.calibration.range_search import search_ranges
+from lpt.calibration.smooth_quant import Smoothing, apply_smoothing, smoothing_plan
 from lpt.calibration.steps import Statistics, collect_statistics, estimate_ranges
 from lpt.data.sources import open_data, record_preprocess
 from lpt.errors import ModelError
@@ -80,6 +84,8 @@ class CalibrationReport:
     seconds: float
     overflow_fix: str = "none"
     narrowed: tuple[NarrowedLayer, ...] = ()  # weights whose channels the overflow fix narrowed, and the cost
+    smooth_quant: float | None = None  # SmoothQuant's alpha, None: off
+    smoothed: tuple[dict, ...] = ()  # SmoothedTensor.describe() of each activation smoothed
 
     @property
     def fake_quantizes(self) -> dict[str, int]:
@@ -100,13 +106,18 @@ class CalibrationResult:
     # The overflow fix's narrowed weights by name (True: 7 bits; else qmax per channel):
     # overflow_fix.narrow(fake_quantizes(...), narrowed) gives the FQs calibrate inserted.
     narrowed: dict | None = None
+    # SmoothQuant's scales by tensor and node names (None: off); apply_smoothing(fresh copy, smoothing)
+    # gives the fp32 model the FQs were placed on (what accuracy control must revert FQs from).
+    smoothing: Smoothing | None = None
 
 
 def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str = DEFAULT_PRESET,
               estimator: Estimator | str = DEFAULT_ESTIMATOR, subset_size: int = 300, ignore=(),
               bias_correction: bool = True, skip_nonfinite: bool = False, quiet: bool = False,
               config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None,
-              overflow_fix: OverflowFix | str = DEFAULT_OVERFLOW_FIX) -> CalibrationResult:
+              overflow_fix: OverflowFix | str = DEFAULT_OVERFLOW_FIX,
+              smooth_quant: float | None = None, ray: str | None = None,
+              ray_workers: int | None = None) -> CalibrationResult:
     """Fake-quantize an fp32 `model` with ranges calibrated on `data`; the model given is not modified.
 
     `data`: a .npz/.npy path or a folder of them, a dict of arrays, an iterable of such dicts, or
@@ -117,10 +128,14 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     in f32; `subset_size`: at most that many samples; `quiet`: no progress bar; `overflow_fix`: auto
     (default), none, first or all, which weights get a coarser grid so that AVX2's int16 pair sums do
     not saturate (lpt.calibration.overflow_fix; auto runs the int8 graph on the data as such a CPU
-    does, one to three more passes). `config` (a
+    does, one to three more passes); `smooth_quant`: SmoothQuant's alpha in [0, 1] (None: off), which
+    moves activation outliers into the weights of the MatMul/Gemm reading them before the FQs are
+    placed (lpt.calibration.smooth_quant; one more pass). `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
-    input shapes (state [2, N, 128] → 1, a scalar → None). Bad data raises DataError, a model that
+    input shapes (state [2, N, 128] → 1, a scalar → None). `ray` ("local" or a Ray address): the
+    statistics pass runs on `ray_workers` Ray workers (default: one per CPU), its statistics merged
+    to the ranges one process gets (lpt.distributed); later passes run here. Bad data raises DataError, a model that
     cannot be calibrated ModelError, a bad option QuantizationError.
     """
     start = time.perf_counter()
@@ -128,14 +143,19 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         config = CalibrationConfig(preset=preset, estimator=estimator, subset_size=subset_size,
                                    ignore=tuple([ignore] if isinstance(ignore, str) else ignore),
                                    bias_correction=bias_correction, skip_nonfinite=skip_nonfinite,
-                                   overflow_fix=overflow_fix)
+                                   overflow_fix=overflow_fix, smooth_quant=smooth_quant)
     working = _working_copy(model)
     data = open_data(data, working, batch_axes=batch_axes)  # a folder of images or audio: see lpt.data
     dataset = CalibrationData(data, input_specs(working), subset_size=config.subset_size,
                               batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite,
                               batch_axes=batch_axes)
+    smoothing = None
+    if config.smooth_quant is not None:  # before placement: an inserted Mul moves where the FQ goes
+        smoothing = smoothing_plan(working, dataset, config.smooth_quant, config.ignore, quiet=quiet)
+        apply_smoothing(working, smoothing)
     placement = place(working, config.ignore)  # which tensors get an FQ
-    statistics = collect_statistics(working, placement, dataset, config, quiet=quiet)  # one pass over the data
+    collect = {} if ray is None else {"collect": _on_ray(ray, ray_workers)}  # the pass shared among Ray workers
+    statistics = collect_statistics(working, placement, dataset, config, quiet=quiet, **collect)  # one pass over the data
     if config.estimator == Estimator.AUTO:  # a second pass: each candidate's error at the layers' outputs
         ranges = search_ranges(working, placement, statistics, dataset, config, quiet=quiet)
     else:
@@ -148,6 +168,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         if not grew:
             break
         working = _working_copy(model)  # narrowed from a fresh copy: the steps after the data pass again
+        if smoothing is not None:
+            apply_smoothing(working, smoothing)
         placement = place(working, config.ignore)
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
@@ -161,9 +183,11 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         samples=dataset.count, skipped_samples=dataset.skipped, bias_corrected=tuple(corrected),
         seconds=time.perf_counter() - start,
         overflow_fix=config.overflow_fix.value, narrowed=describe(calibrated, fqs, masks),
+        smooth_quant=config.smooth_quant,
+        smoothed=() if smoothing is None else tuple(t.describe() for t in smoothing.tensors),
     )
     logger.info("calibrated on %d samples: %s in %.2f s", dataset.count, report.fake_quantizes, report.seconds)
-    return CalibrationResult(working, report, placement, statistics, ranges, config, masks)
+    return CalibrationResult(working, report, placement, statistics, ranges, config, masks, smoothing)
 
 
 def _apply(working: ir.Model, placement: Placement, fqs: dict, statistics: Statistics, config: CalibrationConfig):
@@ -172,6 +196,15 @@ def _apply(working: ir.Model, placement: Placement, fqs: dict, statistics: Stati
     shifts = bias_shifts(targets, statistics.input_means, fqs, statistics.activations)  # before insert rewires inputs
     insert(working, fqs)
     return fqs, apply_shifts(working, targets, shifts)
+
+
+def _on_ray(address: str, workers: int | None):
+    """statistics.collect's Ray twin, bound to `address` and `workers` (lpt.distributed: Ray is optional)."""
+    from functools import partial
+
+    from lpt.distributed import collect
+
+    return partial(collect, address=address, workers=workers)
 
 
 def _working_copy(model) -> ir.Model:

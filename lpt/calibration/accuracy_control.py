@@ -186,10 +186,12 @@ class _OutOfTime(Exception):
 def control_accuracy(fp32: ir.Model, calibration, data, *, max_drop: float | None = None,
                      min_sqnr: float | None = None, labels: str | None = None,
                      max_time: float | None = DEFAULT_MAX_TIME,
-                     batch_axes: dict[str, int | None] | None = None) -> AccuracyControlResult:
+                     batch_axes: dict[str, int | None] | None = None, ray: str | None = None,
+                     ray_workers: int | None = None) -> AccuracyControlResult:
     """Revert the fewest layers of `calibration` (a CalibrationResult of `fp32`) to f32 so that the int8
     model meets `max_drop` (top-1 points, `labels` the key of the labels in `data`) or `min_sqnr` (dB,
-    worst output) on every sample of `data`, within `max_time` seconds (None: no limit)."""
+    worst output) on every sample of `data`, within `max_time` seconds (None: no limit). `ray`: each
+    trial's evaluation runs on Ray workers (lpt.compare's `ray`, `ray_workers`)."""
     start = time.perf_counter()
     target = check_options(max_drop, min_sqnr, labels, max_time)
     config = calibration.config
@@ -212,14 +214,15 @@ def control_accuracy(fp32: ir.Model, calibration, data, *, max_drop: float | Non
             if max_time is not None and spent + mean > max_time:
                 raise _OutOfTime
             began = time.perf_counter()
-            measure, _ = _measure(fp32, build(reverted), data, labels, batch_axes, target)
+            measure, _ = _measure(fp32, build(reverted), data, labels, batch_axes, target, ray=ray)
             trials[key] = Trial(tuple(layer.name for layer in reverted), measure, target.holds(measure),
                                 time.perf_counter() - began)
             logger.info("reverted %d: %s", len(reverted), trials[key].to_dict())
         return trials[key]
 
     began = time.perf_counter()
-    before, costs = _measure(fp32, calibration.model, data, labels, batch_axes, target, per_layer=True)
+    ray = None if ray is None else {"ray": ray, "ray_workers": ray_workers}
+    before, costs = _measure(fp32, calibration.model, data, labels, batch_axes, target, per_layer=True, ray=ray)
     trials[frozenset()] = Trial((), before, target.holds(before), time.perf_counter() - began)
     ranking = rank(layers(fp32, calibration, config), costs)
     stopped = None
@@ -269,9 +272,11 @@ def _search(ranking: list[Layer], trial) -> list[Layer]:
     return chosen
 
 
-def _measure(fp32: ir.Model, fq: ir.Model, data, labels, batch_axes, target: Target, *, per_layer: bool = False):
-    """(Measure of `fq` on lpt's backend against `fp32`, {FQ'd tensor: its own SQNR cost} with `per_layer`)."""
-    comparison = compare(fp32, fq, data, labels=labels, per_layer=per_layer, batch_axes=batch_axes)
+def _measure(fp32: ir.Model, fq: ir.Model, data, labels, batch_axes, target: Target, *, per_layer: bool = False,
+             ray: dict | None = None):
+    """(Measure of `fq` on lpt's backend against `fp32`, {FQ'd tensor: its own SQNR cost} with `per_layer`);
+    `ray`: compare's ray options, or None."""
+    comparison = compare(fp32, fq, data, labels=labels, per_layer=per_layer, batch_axes=batch_axes, **(ray or {}))
     sqnr = min(a.sqnr_db for a in comparison.outputs.values())
     top1 = comparison.top1 if comparison.has_labels else None
     if target.max_drop is not None and top1 is None:

@@ -118,6 +118,20 @@ class InputMean:
     def state_nbytes(self) -> int:
         return 0 if self.sum is None else self.sum.nbytes
 
+    def merge(self, other: InputMean) -> InputMean:
+        """Fold in `other`'s sum and count (other samples; lpt.distributed): the mean to float64 rounding."""
+        if other.count == 0 or self.count < 0:
+            return self
+        if other.count < 0 or (self.sum is not None and self.sum.shape != other.sum.shape):
+            self.count = -1
+            return self
+        self.sum = other.sum.copy() if self.sum is None else self.sum + other.sum
+        self.count += other.count
+        return self
+
+    def seeded(self) -> InputMean:
+        return InputMean(self.per_element)
+
     @property
     def mean(self) -> np.ndarray:
         return (self.sum / self.count).astype(np.float32)

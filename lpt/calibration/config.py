@@ -82,6 +82,7 @@ class CalibrationConfig:
     histogram_bins: int = 2048  # per sign
     weights: WeightScheme = field(default_factory=WeightScheme)
     overflow_fix: OverflowFix = DEFAULT_OVERFLOW_FIX
+    smooth_quant: float | None = None  # SmoothQuant's alpha in [0, 1] (lpt.calibration.smooth_quant); None: off
 
     def __post_init__(self):
         object.__setattr__(self, "preset", _member(Preset, self.preset, "preset"))
@@ -90,6 +91,14 @@ class CalibrationConfig:
         object.__setattr__(self, "ignore", tuple(self.ignore))
         if int(self.subset_size) < 1:
             raise QuantizationError(f"subset_size must be at least 1, got {self.subset_size}")
+        if self.smooth_quant is not None:
+            try:
+                alpha = float(self.smooth_quant)
+            except (TypeError, ValueError):
+                alpha = float("nan")
+            if not 0.0 <= alpha <= 1.0:
+                raise QuantizationError(f"smooth_quant (SmoothQuant's alpha) must be in [0, 1], got {self.smooth_quant!r}")
+            object.__setattr__(self, "smooth_quant", alpha)
         if not 50.0 < self.percentile <= 100.0:
             raise QuantizationError(f"percentile must be in (50, 100], got {self.percentile}")
 

@@ -11,12 +11,18 @@
 A collector's state does not grow with the number of samples: two numbers, three, or a
 histogram of `bins` bins per sign whose bin width doubles (merging bin pairs exactly) when a
 batch exceeds its range.
+
+`a.merge(b)` folds the state of `b` (the same statistic over other samples) into `a`, so that
+shards of the data collected apart (lpt.distributed) give what one pass over all of them gives:
+min/max exactly, the mean's sums exactly (kept as a Fraction), histograms exactly when their bin
+widths differ by a power of two (shared bin edges: the shards start from one seeded width).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -57,13 +63,25 @@ class MinMaxCollector:
     def range(self) -> tuple[float, float]:
         return self.min, self.max
 
+    def merge(self, other: MinMaxCollector) -> MinMaxCollector:
+        """Fold in `other`'s min and max (collected on other samples): exact."""
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self.nonfinite += other.nonfinite
+        return self
+
+    def seeded(self) -> MinMaxCollector:
+        """An empty collector of the same kind (a histogram keeps its bin width: the shared bin edges)."""
+        return type(self)()
+
 
 class MeanMinMaxCollector(MinMaxCollector):
     """Per-sample min and max (over all but the batch axis), summed; the range is their mean."""
 
     def __init__(self):
         super().__init__()
-        self.sum_min = self.sum_max = 0.0
+        # Exact sums of the per-batch sums: the mean does not depend on the order batches arrive in
+        # (lpt.distributed merges shards), and a Fraction costs one addition per batch.
+        self.sum_min = self.sum_max = Fraction(0)
         self.samples = 0
 
     def update(self, x: np.ndarray) -> None:
@@ -79,8 +97,8 @@ class MeanMinMaxCollector(MinMaxCollector):
         else:
             lows, highs = rows.min(axis=1), rows.max(axis=1)
         if lows.size:
-            self.sum_min += float(lows.astype(np.float64).sum())
-            self.sum_max += float(highs.astype(np.float64).sum())
+            self.sum_min += Fraction(float(lows.astype(np.float64).sum()))
+            self.sum_max += Fraction(float(highs.astype(np.float64).sum()))
             self.samples += lows.size
             self.min = min(self.min, float(lows.min()))
             self.max = max(self.max, float(highs.max()))
@@ -90,7 +108,15 @@ class MeanMinMaxCollector(MinMaxCollector):
         return 40
 
     def range(self) -> tuple[float, float]:
-        return self.sum_min / self.samples, self.sum_max / self.samples
+        return float(self.sum_min / self.samples), float(self.sum_max / self.samples)
+
+    def merge(self, other: MeanMinMaxCollector) -> MeanMinMaxCollector:
+        """Fold in `other`'s sums and counts: exact (the sums are Fractions)."""
+        super().merge(other)
+        self.sum_min += other.sum_min
+        self.sum_max += other.sum_max
+        self.samples += other.samples
+        return self
 
 
 class HistogramCollector(MinMaxCollector):
@@ -98,7 +124,10 @@ class HistogramCollector(MinMaxCollector):
     goes in the top bin).
 
     The first batch sets w = max|x| / bins; a batch beyond ±bins·w doubles w as often as needed,
-    each doubling merging neighbouring bin pairs, so earlier counts are kept exactly.
+    each doubling merging neighbouring bin pairs, so earlier counts are kept exactly. A value past
+    the end bins (x·(1/w) rounds to ±bins or beyond in f32) is clipped into them and counted in
+    `clipped`, so that a doubling puts it where it belongs at the new width: then every value's
+    bin depends on the final width alone, not on when it came, and shards merge exactly.
     """
 
     def __init__(self, bins: int = 2048):
@@ -108,6 +137,7 @@ class HistogramCollector(MinMaxCollector):
         self.bins = bins
         self.width = 0.0  # 0: not started (only zeros seen so far)
         self.counts = np.zeros(2 * bins, np.int64)  # index k + bins
+        self.clipped = [0, 0]  # values clipped into the bottom and top bins at the current width
 
     @property
     def state_nbytes(self) -> int:
@@ -132,24 +162,74 @@ class HistogramCollector(MinMaxCollector):
         if self.width == 0.0 and amax > 0:
             self.width = amax / self.bins
         elif amax > self.width * self.bins > 0:
-            self._widen(math.ceil(math.log2(amax / (self.width * self.bins))))
+            self._widen(max(0, math.ceil(math.log2(amax / (self.width * self.bins))) - 1))
+            while self.width * self.bins < amax:  # the last doubling or two one at a time: the fewest
+                self._widen(1)
         if self.width == 0.0:  # only zeros so far
             self.counts[self.bins] += x.size
             return
         index = x * np.float32(1.0 / self.width)
         np.floor(index, out=index)
-        index += np.float32(self.bins)  # exact: small integers in f32
-        np.clip(index, 0, 2 * self.bins - 1, out=index)  # x = bins·w goes in the top bin
-        self.counts += np.bincount(index.astype(np.intp), minlength=2 * self.bins)
+        index += np.float32(self.bins + 1)  # exact: small integers in f32
+        np.clip(index, 0, 2 * self.bins + 1, out=index)  # two guard bins: what the end bins clip
+        counts = np.bincount(index.astype(np.intp), minlength=2 * self.bins + 2)
+        self.counts += counts[1:-1]
+        self.counts[0] += counts[0]
+        self.counts[-1] += counts[-1]  # x = bins·w goes in the top bin
+        self.clipped = [self.clipped[0] + int(counts[0]), self.clipped[1] + int(counts[-1])]
 
     def _widen(self, doublings: int) -> None:
         for _ in range(doublings):
             merged = self.counts.reshape(-1, 2).sum(axis=1)  # old k = 2j−bins, 2j−bins+1 → new j − bins/2
             self.counts[:] = 0
             self.counts[self.bins // 2: self.bins // 2 + self.bins] = merged
+            # A clipped value had x·(1/w) just past ±bins (|x| ≤ bins·w, f32 rounding): at 2w it is just
+            # past ±bins/2, i.e. in bin bins/2 at the top and −bins/2 − 1 at the bottom; the pair merge
+            # put it one bin inward.
+            low, high = self.clipped
+            inner_low, inner_high = self.bins // 2, self.bins + self.bins // 2 - 1
+            self.counts[inner_low] -= low
+            self.counts[inner_low - 1] += low
+            self.counts[inner_high] -= high
+            self.counts[inner_high + 1] += high
+            self.clipped = [0, 0]
             self.width *= 2
-        while self.width * self.bins < max(-self.min, self.max):  # rounding left it a hair short
-            self._widen(1)
+
+    def seeded(self) -> HistogramCollector:
+        """An empty histogram on this one's bin edges: shards seeded alike merge exactly."""
+        seed = HistogramCollector(self.bins)
+        seed.width = self.width
+        return seed
+
+    def merge(self, other: HistogramCollector) -> HistogramCollector:
+        """Fold in `other`'s counts: both brought to the wider bin width by doublings (as update does),
+        then added. Exact when the widths are a power of two apart (shards seeded with one width, or
+        a side that saw only zeros); otherwise `other`'s bins are counted where their centres fall."""
+        if other.bins != self.bins:
+            raise ValueError(f"histograms of {self.bins} and {other.bins} bins do not merge")
+        self.nonfinite += other.nonfinite
+        if other.min > other.max:  # empty
+            return self
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        if self.width == 0.0 or other.width == 0.0:  # a side of only zeros: all in bin k = 0, at any width
+            if self.width == 0.0:
+                self.width, self.clipped = other.width, list(other.clipped)
+            self.counts = self.counts + other.counts
+            return self
+        wide, narrowest = (other, self) if self.width <= other.width else (self, other)
+        narrow = narrowest.seeded()  # a copy of the narrower side, to widen to the other's width
+        narrow.counts, narrow.clipped = narrowest.counts.copy(), list(narrowest.clipped)
+        doublings = round(math.log2(wide.width / narrow.width))
+        if math.ldexp(narrow.width, doublings) != wide.width:
+            logger.warning("histograms with bin widths %g and %g (not a power of two apart) merged within a bin",
+                           narrow.width, wide.width)
+            self.counts, self.width, self.clipped = _rebinned(narrow, wide), wide.width, [0, 0]
+            return self
+        narrow._widen(doublings)
+        self.counts = wide.counts + narrow.counts
+        self.clipped = [wide.clipped[0] + narrow.clipped[0], wide.clipped[1] + narrow.clipped[1]]
+        self.width = wide.width
+        return self
 
     def signed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lower edges, upper edges, counts) of the non-empty bins, in increasing x."""
@@ -163,6 +243,13 @@ class HistogramCollector(MinMaxCollector):
         a negative bin [−(i+1)·w, −i·w) is counted as |x| in [i·w, (i+1)·w))."""
         return self.counts[self.bins:] + self.counts[: self.bins][::-1]
 
+
+def _rebinned(narrow: HistogramCollector, wide: HistogramCollector) -> np.ndarray:
+    """`wide`'s counts plus `narrow`'s, each narrow bin counted in the wide bin holding its centre."""
+    k = np.arange(2 * narrow.bins) - narrow.bins
+    centres = (k + 0.5) * narrow.width
+    index = np.clip(np.floor(centres / wide.width) + wide.bins, 0, 2 * wide.bins - 1).astype(np.intp)
+    return wide.counts + np.bincount(index, weights=narrow.counts, minlength=2 * wide.bins).astype(np.int64)
 
 def collector(estimator: Estimator, bins: int = 2048):
     """A new collector for `estimator`'s statistics."""

@@ -10,6 +10,11 @@ An activation request moves up through precision-preserving ops (MaxPool, Reshap
 above a Relu/Clip (the FQ quantizes their output), onto a constant (an embedding table stays
 f32), or off a model output. An FQ applies to the uses that asked for it only, so a model
 output or an f32 consumer of the same tensor keeps reading the float value.
+
+Transformer blocks stay f32 by default, each node listed in `skipped` with the reason
+(transformer_blocks): Softmax, LayerNormalization and the ReduceMean/Sub/Pow/Sqrt/Div chain
+exporters write for it, and Erf-GELU (Div/Erf/Add/Mul). Their outputs are still quantized where
+a MatMul reads them; the attention MatMuls of two activations (Q·Kᵀ, attn·V) run int8.
 """
 
 from __future__ import annotations
@@ -126,11 +131,14 @@ class _Placer:
     def run(self) -> Placement:
         for pattern in self.rules.unused(self.graph):
             logger.warning("ignore pattern %r matches no node", pattern)
+        kept_f32 = transformer_blocks(self.graph)
         for node in self.graph:
             pattern = self.rules.match(node)
             if pattern is not None:
                 self.ignored.add(node)
                 self.skipped.append(Skipped(node.name, node.op_type, f"ignored ({pattern})"))
+            elif node in kept_f32:
+                self._skip(node, kept_f32[node])  # never an FQ pair on a GELU's Mul, say
             elif node.domain in ("", "ai.onnx") and node.op_type in QUANTIZABLE_OPS:
                 self._layer(node)
             elif node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE_OPS:
@@ -273,6 +281,103 @@ class _Placer:
         for (value, axis), uses in self.weights.items():
             points.append(QuantizationPoint(value, WEIGHT, tuple(uses), axis=axis))
         return points
+
+
+# -- transformer blocks left in f32
+
+_SOFTMAX = "transformer default: Softmax stays f32 (exp and a row sum need float range)"
+_LAYER_NORM = "transformer default: LayerNorm stays f32 (mean and variance need float range)"
+_LAYER_NORM_CHAIN = "transformer default: LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div) stays f32 (mean and variance " \
+                    "need float range)"
+_GELU = "transformer default: Erf-GELU stays f32 (Erf has no int8 form)"
+_VARIANCE_OPS = ("Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Cast")
+
+
+def transformer_blocks(graph: ir.Graph) -> dict[ir.Node, str]:
+    """The nodes of Softmax, LayerNorm (op or chain) and Erf-GELU blocks, each with why it stays f32."""
+    kept: dict[ir.Node, str] = {}
+    for node in graph:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Softmax":
+            kept[node] = _SOFTMAX
+        elif node.op_type == "LayerNormalization":
+            kept[node] = _LAYER_NORM
+        elif node.op_type == "Sub":
+            kept.update(dict.fromkeys(_layer_norm_chain(node), _LAYER_NORM_CHAIN))
+        elif node.op_type == "Erf":
+            kept.update(dict.fromkeys(_erf_gelu(node), _GELU))
+    return kept
+
+
+def _layer_norm_chain(sub: ir.Node) -> list[ir.Node]:
+    """x − ReduceMean(x) → ÷ (or ×) a chain of Pow/ReduceMean/Add/Sqrt/Reciprocal of it, then × γ + β."""
+    x, mean = ([*sub.inputs, None, None])[:2]
+    reduce = mean.producer() if mean is not None else None
+    if x is None or reduce is None or reduce.op_type != "ReduceMean" or reduce.inputs[0] is not x:
+        return []
+    centered = sub.outputs[0]
+    for use in centered.uses():
+        norm = use.node
+        if norm.op_type not in ("Div", "Mul") or len(norm.inputs) != 2 or use.idx != 0:
+            continue
+        chain = _variance_of(norm.inputs[1], centered)
+        if chain:
+            nodes = [reduce, sub, *chain, norm]
+            for op in ("Mul", "Add"):  # γ then β, when the exporter wrote them apart
+                out = nodes[-1].outputs[0]
+                uses = out.uses()
+                if len(uses) == 1 and uses[0].node.op_type == op and _affine_input(uses[0].node) is not None:
+                    nodes.append(uses[0].node)
+            return nodes
+    return []
+
+
+def _variance_of(value: ir.Value, centered: ir.Value) -> list[ir.Node]:
+    """The nodes computing `value` from `centered` and constants only, through _VARIANCE_OPS ([]: not so)."""
+    nodes, stack, reached = [], [value], False
+    while stack:
+        v = stack.pop()
+        if v is centered:
+            reached = True
+            continue
+        if v is None or const_array(v) is not None:
+            continue
+        node = v.producer()
+        if node is None or node.op_type not in _VARIANCE_OPS or len(nodes) > 8:
+            return []
+        if node not in nodes:
+            nodes.append(node)
+            stack.extend(node.inputs)
+    return nodes[::-1] if reached else []
+
+
+def _erf_gelu(erf: ir.Node) -> list[ir.Node]:
+    """x · (Erf(x / √2) + 1) · 0.5, in the orders exporters write it (the 0.5 on x, or on the product)."""
+    scale = erf.inputs[0].producer() if erf.inputs and erf.inputs[0] is not None else None
+    if scale is None or scale.op_type not in ("Div", "Mul") or _affine_input(scale) is None:
+        return []
+    x = scale.inputs[_affine_input(scale)]
+    uses = erf.outputs[0].uses()
+    if len(uses) != 1 or uses[0].node.op_type != "Add" or _affine_input(uses[0].node) is None:
+        return []
+    plus_one = uses[0].node
+    for use in plus_one.outputs[0].uses():
+        mul = use.node
+        if mul.op_type != "Mul" or len(mul.inputs) != 2:
+            continue
+        other = mul.inputs[1 - use.idx]
+        half = other.producer() if other is not x and other is not None else None
+        if other is not x and not (half is not None and half.op_type in ("Mul", "Div")
+                                   and _affine_input(half) is not None and half.inputs[_affine_input(half)] is x):
+            continue
+        nodes = [scale, erf, plus_one] + ([half] if half is not None else []) + [mul]
+        after = mul.outputs[0].uses()
+        if half is None and len(after) == 1 and after[0].node.op_type in ("Mul", "Div") \
+                and _affine_input(after[0].node) is not None:
+            nodes.append(after[0].node)  # the 0.5 on the product
+        return nodes
+    return []
 
 
 def _data_inputs(node: ir.Node) -> list[int]:

@@ -61,23 +61,37 @@ def stream(sess: ort.InferenceSession | None, fetched: list[str], collectors: di
     the first sample (the bytes of the fetched outputs). Returns `per_sample`."""
     with sample_progress(description, data.total, quiet) as advance:
         for batch in data.batches():
-            total, start = data.samples_in(batch), 0
-            if sess is not None and not per_sample and not data.fixed_batch:
-                per_sample = max(1, sum(v.nbytes for v in sess.run(fetched, data.part(batch, 0, 1))))
-            # A batch of large activations (a detector at 640×640) runs in parts that fit the budget.
-            size = total if data.fixed_batch or not per_sample else max(1, ACTIVATION_BUDGET // per_sample)
-            while start < total:
-                part = batch if size >= total else data.part(batch, start, min(total, start + size))
-                values = dict(zip(fetched, sess.run(fetched, part))) if sess is not None else {}
-                for name, tensor_collectors in collectors.items():
-                    for collector in tensor_collectors:
-                        collector.update(values[name] if name in values else part[name])
-                del values
-                samples = data.samples_in(part)
-                start += samples
-                advance(samples)
+            per_sample = fold(sess, fetched, collectors, data, batch, per_sample, advance)
+    warn_nonfinite(collectors)
+    return per_sample
+
+
+def fold(sess: ort.InferenceSession | None, fetched: list[str], collectors: dict[str, list], data: CalibrationData,
+         batch: dict, per_sample: int = 0, advance=lambda samples: None) -> int:
+    """Update the collectors with one batch, run in parts of ACTIVATION_BUDGET // `per_sample` samples
+    (`data` says how to split it: samples_in, part, fixed_batch); returns `per_sample` (measured if 0).
+    lpt.distributed calls it on each worker's batches."""
+    total, start = data.samples_in(batch), 0
+    if sess is not None and not per_sample and not data.fixed_batch:
+        per_sample = max(1, sum(v.nbytes for v in sess.run(fetched, data.part(batch, 0, 1))))
+    # A batch of large activations (a detector at 640×640) runs in parts that fit the budget.
+    size = total if data.fixed_batch or not per_sample else max(1, ACTIVATION_BUDGET // per_sample)
+    while start < total:
+        part = batch if size >= total else data.part(batch, start, min(total, start + size))
+        values = dict(zip(fetched, sess.run(fetched, part))) if sess is not None else {}
+        for name, tensor_collectors in collectors.items():
+            for collector in tensor_collectors:
+                collector.update(values[name] if name in values else part[name])
+        del values
+        samples = data.samples_in(part)
+        start += samples
+        advance(samples)
+    return per_sample
+
+
+def warn_nonfinite(collectors: dict[str, list]) -> None:
+    """One warning per tensor whose activations held NaN/Inf (left out of its statistics)."""
     for name, tensor_collectors in collectors.items():
         nonfinite = max(c.nonfinite for c in tensor_collectors)
         if nonfinite:
             logger.warning("%s: %d NaN/Inf values in the activations were left out of its statistics", name, nonfinite)
-    return per_sample

@@ -37,8 +37,9 @@ class Statistics:
 
 
 def collect_statistics(model: ir.Model, placement: Placement, data: CalibrationData, config: CalibrationConfig,
-                       *, quiet: bool = False) -> Statistics:
-    """One range collector per activation FQ of `placement`, one input mean per layer whose bias is corrected."""
+                       *, quiet: bool = False, collect=collect) -> Statistics:
+    """One range collector per activation FQ of `placement`, one input mean per layer whose bias is corrected.
+    `collect` fills them (statistics.collect; lpt.distributed.collect shares the batches among Ray workers)."""
     collectors: dict[str, list] = defaultdict(list)
     activations = {}
     for p in placement.activations:
