@@ -51,18 +51,23 @@ class Plan:
         missing = [n for n in self.inputs if n not in feeds]
         if missing:
             raise DataError(f"missing input(s) {missing}; the model expects {self.inputs}")
-        env = {**self.constants, **{n: feeds[n] for n in self.inputs}}
+        # The constants are read where they lie: copying them into `env` each run cost a small
+        # model more than its steps (hundreds of initializers).
+        env = {n: feeds[n] for n in self.inputs}
+        constants = self.constants
         outputs = set(self.outputs)
         steps = self.steps if keep else self.run_steps
         last_use = self._last_use[id(steps)]
         for index, step in enumerate(steps):
-            results = step.run(*[env[n] for n in step.inputs])
+            results = step.run(*[env[n] if n in env else constants[n] for n in step.inputs])
             env.update(zip(step.outputs, results))
             if not keep:
                 for name in set(step.inputs):  # a step may read one tensor twice (x·x)
-                    if last_use.get(name) == index and name not in outputs and name not in self.constants:
+                    if last_use.get(name) == index and name not in outputs and name in env:
                         del env[name]
-        return env if keep else {n: env[n] for n in self.outputs}
+        if keep:
+            return {**constants, **env}
+        return {n: env[n] if n in env else constants[n] for n in self.outputs}
 
     def backend_counts(self) -> Counter:
         """How many nodes ran on each backend: the int8/f32 split a run reports."""
