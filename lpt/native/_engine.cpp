@@ -199,6 +199,7 @@ struct Operation {
     // arrays padded to 16 channels), and the accumulators where a caller asks for them or for
     // channels-first values (run_s16 keeps the widened source, per thread)
     lpt_s16::Geometry geometry{};
+    bool depthwise = false;  // one input and one output channel per group (s16's depthwise kernel)
     lpt_s16::PackedWeights packed;
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
@@ -483,14 +484,17 @@ PyObject *py_conv(PyObject *, PyObject *args) {
             if ((int)v->size() != spatial) throw std::invalid_argument("strides, dilations and pads need one value per kernel axis");
         check_stage(*op);
         if (op->route == Route::s16) {
-            if (groups != 1 || spatial > 2) throw std::invalid_argument("route s16 runs 1-D and 2-D convolutions of one group");
+            op->depthwise = groups > 1 && shape[1] == 1 && shape[0] == groups;
+            if ((groups != 1 && !op->depthwise) || spatial > 2)
+                throw std::invalid_argument("route s16 runs 1-D and 2-D convolutions of one group, and depthwise ones");
             const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
             auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
             op->geometry = {op->in_channels, op->out_channels, y < 0 ? 1 : shape[2], shape.back(),
                             axis(op->strides, y, 1), op->strides.back(), axis(op->dilations, y, 0) + 1,
                             op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
                             axis(op->pads_end, y, 0), op->pads_end.back()};
-            op->packed = lpt_s16::pack_weights(op->weights.data(), op->geometry);
+            op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
+                                       : lpt_s16::pack_weights(op->weights.data(), op->geometry);
             prepare_epilogue(*op);
         }
     } catch (const std::exception &e) {
@@ -575,15 +579,17 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     // One widened source per calling thread, shared by every layer it runs: a network's layers then
     // reuse the same cache-warm memory instead of each keeping its own.
     thread_local std::vector<int16_t> wide;
-    wide.resize(lpt_s16::widened_size(g, images, h, w));
+    wide.resize(lpt_s16::widened_size(g, images, h, w) + lpt_s16::DEPTHWISE_SLACK);
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
                    wide.data(), op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
-        lpt_s16::convolve_staged(wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
+        (op.depthwise ? lpt_s16::depthwise_staged : lpt_s16::convolve_staged)(wide.data(), op.packed.data(), g, images,
+                                                                              h, w, op.epilogue, out, op.threads);
     } else {
         op.acc.resize(items);
-        lpt_s16::convolve(wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
+        (op.depthwise ? lpt_s16::depthwise : lpt_s16::convolve)(wide.data(), op.packed.data(), g, images, h, w,
+                                                                op.acc.data(), op.threads);
         finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
         if (items * sizeof(int32_t) > KEEP_SCRATCH_BYTES) std::vector<int32_t>().swap(op.acc);

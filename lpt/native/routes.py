@@ -89,9 +89,10 @@ def _probe(route: str) -> bool:
     return True
 
 
-def runs(route: str, groups: int, spatial_axes: int) -> bool:
-    """Whether `route` runs a convolution of this kind (the others take the split route)."""
-    return route != "s16" or (groups == 1 and spatial_axes <= 2)
+def runs(route: str, groups: int, spatial_axes: int, depthwise: bool = False) -> bool:
+    """Whether `route` runs a convolution of this kind (the others take the split route): s16 runs 1-D
+    and 2-D convolutions of one group, and depthwise ones (one input and one output channel per group)."""
+    return route != "s16" or (spatial_axes <= 2 and (groups == 1 or depthwise))
 
 
 @functools.cache

@@ -199,6 +199,86 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
 
 }  // namespace
 
+namespace {
+
+// One position's window for a block of 16 channels: Σ_taps (q − zp)·w, each product exact in int16.
+__attribute__((target("avx2"))) void depthwise_block(const int16_t *window, const int16_t *weights, const Geometry &g,
+                                                     int64_t row_stride, int64_t tap_stride, int32_t *acc) {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int64_t ky = 0; ky < g.kernel_h; ++ky)
+        for (int64_t kx = 0; kx < g.kernel_w; ++kx, weights += LANES) {
+            const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + ky * row_stride + kx * tap_stride));
+            const __m256i p = _mm256_mullo_epi16(s, _mm256_load_si256(reinterpret_cast<const __m256i *>(weights)));
+            low = _mm256_add_epi32(low, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(p)));
+            high = _mm256_add_epi32(high, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(p, 1)));
+        }
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), low);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), high);
+}
+
+// Every tile (TILE positions of one block of 16 channels) of a depthwise convolution, handed to
+// sink as each_tile hands a convolution's.
+template <typename Sink>
+void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                         int64_t w, int threads, const Sink &sink) {
+    const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
+    const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
+    const int64_t block_size = g.kernel_h * g.kernel_w * LANES;
+    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
+#pragma omp parallel for collapse(3) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
+    for (int64_t n = 0; n < images; ++n)
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int64_t t = 0; t < tiles; ++t) {
+                const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
+                alignas(32) int32_t acc[TILE * LANES];
+                for (int64_t j = 0; j < count; ++j) {
+                    const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
+                    const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
+                    depthwise_block(window, packed + b * block_size, g, g.dilation_h * wp * c2, g.dilation_w * c2,
+                                    acc + j * LANES);
+                }
+                sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+            }
+}
+
+}  // namespace
+
+PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, taps = g.kernel_h * g.kernel_w;
+    PackedWeights packed(blocks * taps * LANES, 0);
+    for (int64_t c = 0; c < g.out_channels; ++c)
+        for (int64_t tap = 0; tap < taps; ++tap)
+            packed[((c / LANES) * taps + tap) * LANES + c % LANES] = weights[c * taps + tap];
+    return packed;
+}
+
+void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+               int32_t *acc, int threads) {
+    const int64_t oc = g.out_channels;
+    each_depthwise_tile(wide, packed, g, images, h, w, threads,
+                        [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+                            for (int64_t j = 0; j < count; ++j)
+                                std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
+                        });
+}
+
+void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                      int64_t w, const Epilogue &e, void *out, int threads) {
+    const int64_t oc = g.out_channels;
+    auto staged = [&](auto *typed) {
+        each_depthwise_tile(wide, packed, g, images, h, w, threads,
+                            [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+                                stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
+                            });
+    };
+    switch (e.type) {
+        case Epilogue::f32: staged(static_cast<float *>(out)); break;
+        case Epilogue::u8: staged(static_cast<uint8_t *>(out)); break;
+        case Epilogue::s8: staged(static_cast<int8_t *>(out)); break;
+    }
+}
+
 void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads) {
     const int64_t oc = g.out_channels;

@@ -49,6 +49,16 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
 void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads);
 
+// Depthwise convolutions (one input and one output channel per group): the same widened source,
+// weights [C, 1, KH, KW] packed per block of 16 channels as [block][kh][kw][16]. A product
+// (q − zp)·w is at most 255·128 = 32 640 in magnitude, so vpmullw computes it exactly in int16; the
+// sum over the window is then taken in int32.
+PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g);
+// What widen() must leave readable past the widened source: a block of 16 channels read whole.
+constexpr int64_t DEPTHWISE_SLACK = 16;
+void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+               int32_t *acc, int threads);
+
 // The output stage of lpt/native/_engine.cpp (and lpt.kernels.output_stage), as numbers:
 // x = f32(acc)·multiplier[c] + bias[c], each clip as max then min, then for an 8-bit destination
 // saturate(rint(x / scale) + zero_point) in [qmin, qmax]. The arrays hold one value per output
@@ -67,5 +77,7 @@ struct Epilogue {
 // never reach memory, and no pass over the output follows.
 void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads);
+void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                      int64_t w, const Epilogue &e, void *out, int threads);
 
 }  // namespace lpt_s16

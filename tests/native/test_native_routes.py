@@ -53,14 +53,18 @@ def test_the_environment_variable_forces_a_route(monkeypatch, caplog, value, exp
 
 
 def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
-    """lpt's own kernel runs one-group 1-D/2-D convolutions and matmuls; the rest must still run exactly."""
+    """lpt's own kernel runs one-group and depthwise 1-D/2-D convolutions and matmuls; the rest must still
+    run exactly."""
     assert lpt.native.Conv(np.ones((4, 2, 3, 3), np.int8), route="s16").route == "s16"
     assert lpt.native.Conv(np.ones((4, 2, 3), np.int8), route="s16").route == "s16"
-    grouped = lpt.native.Conv(np.ones((4, 1, 3, 3), np.int8), groups=4, route="s16")
+    depthwise = lpt.native.Conv(np.full((4, 1, 3, 3), -128, np.int8), groups=4, route="s16")
+    assert depthwise.route == "s16"
+    assert depthwise.accumulate(np.full((1, 4, 3, 3), 255, np.uint8)).tolist() == [[[[-128 * 255 * 9]]] * 4]
+    grouped = lpt.native.Conv(np.ones((4, 2, 3, 3), np.int8), groups=2, route="s16")
     assert grouped.route == "split"
     assert lpt.native.Conv(np.ones((4, 2, 3, 3, 3), np.int8), route="s16").route == "split"
     acc = grouped.accumulate(np.full((1, 4, 3, 3), 255, np.uint8))
-    assert acc.tolist() == [[[[255 * 9]]] * 4]
+    assert acc.tolist() == [[[[255 * 18]]] * 4]
 
 
 @pytest.mark.parametrize("make, reason", [
