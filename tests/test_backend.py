@@ -99,6 +99,22 @@ def test_average_pool_between_quantized_tensors_runs_on_integers(pool, attrs):
     assert np.abs(ours - reference).max() <= 1 and (ours == reference).mean() > 0.9
 
 
+@pytest.mark.parametrize("attrs", [{"auto_pad": "VALID"}, {"pads": [0, 1, 1, 0]}])
+def test_max_pool_of_quantized_values_runs_on_integers(attrs):
+    """auto_pad VALID (as TensorFlow exports write it) is no padding: an integer step like the explicit form."""
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    pooled = g.op("MaxPool", [g.fq("x", 0.02, np.uint8(100))], kernel_shape=[2, 2], strides=[2, 2], **attrs)
+    g.op("Relu", [pooled], name="y")
+    _, m = g.build({"x": [2, 3, 7, 9]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    assert any("MaxPool" in s.op_types and s.backend == "int8 kernel" for s in plan.steps)
+    x = RNG.uniform(-2, 3, (2, 3, 7, 9)).astype(np.float32)
+    np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
 def test_dequantize_then_quantize_is_one_requantize_step():
     from tests.transformations.builders import Graph
 

@@ -340,8 +340,9 @@ def _max_pool_instruction(node: ir.Node) -> tuple | None:
 def _integer_op(node: ir.Node):
     x = node.inputs[0]
     if node.op_type == "MaxPool":
-        if attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or attribute(node, "ceil_mode", 0) or (
-                len(node.outputs) > 1 and node.outputs[1].uses()):
+        # auto_pad VALID is no padding, which the explicit form also says (pads absent): TensorFlow exports write it
+        if attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "VALID", b"VALID") or attribute(
+                node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
             return None
         run = partial(kernels.max_pool_q, kernel_shape=attribute(node, "kernel_shape"), strides=attribute(node, "strides"),
                       pads=attribute(node, "pads"), dilations=attribute(node, "dilations"))

@@ -80,29 +80,47 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
                  low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
                  high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
     for (int64_t j = 0; j < count; ++j) {
-        alignas(32) float values[LANES];
-        alignas(32) int32_t integers[LANES];
-        for (int64_t half = 0; half < LANES; half += 8) {
-            const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + half));
-            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + half));
-            if (e.bias) x = _mm256_add_ps(x, _mm256_loadu_ps(e.bias + c0 + half));
+        __m256 x[2];
+        for (int half = 0; half < 2; ++half) {
+            const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * half));
+            x[half] = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + 8 * half));
+            if (e.bias) x[half] = _mm256_add_ps(x[half], _mm256_loadu_ps(e.bias + c0 + 8 * half));
             for (int64_t k = 0; k < e.clip_pairs; ++k) {
-                x = _mm256_max_ps(_mm256_set1_ps(e.clips[2 * k]), x);      // x < low ? low : x
-                x = _mm256_min_ps(_mm256_set1_ps(e.clips[2 * k + 1]), x);  // x > high ? high : x
-            }
-            if constexpr (std::is_same_v<T, float>) {
-                _mm256_store_ps(values + half, x);
-            } else {
-                __m256 y = _mm256_div_ps(x, scale);
-                y = _mm256_min_ps(_mm256_max_ps(y, low), high);  // max(NaN, low) is low, as y >= low ? y : low
-                y = _mm256_add_ps(_mm256_sub_ps(_mm256_add_ps(y, magic), magic), zero_point);  // rint, ties to even
-                _mm256_store_si256(reinterpret_cast<__m256i *>(integers + half), _mm256_cvttps_epi32(y));
+                x[half] = _mm256_max_ps(_mm256_set1_ps(e.clips[2 * k]), x[half]);      // x < low ? low : x
+                x[half] = _mm256_min_ps(_mm256_set1_ps(e.clips[2 * k + 1]), x[half]);  // x > high ? high : x
             }
         }
         T *o = out + j * out_stride;
-        for (int64_t c = 0; c < valid; ++c) {
-            if constexpr (std::is_same_v<T, float>) o[c] = values[c];
-            else o[c] = (T)integers[c];
+        if constexpr (std::is_same_v<T, float>) {
+            if (valid == LANES) {
+                _mm256_storeu_ps(o, x[0]);
+                _mm256_storeu_ps(o + 8, x[1]);
+            } else {
+                alignas(32) float values[LANES];
+                _mm256_store_ps(values, x[0]);
+                _mm256_store_ps(values + 8, x[1]);
+                std::memcpy(o, values, valid * sizeof(float));
+            }
+        } else {
+            __m256i levels[2];
+            for (int half = 0; half < 2; ++half) {
+                __m256 y = _mm256_div_ps(x[half], scale);
+                y = _mm256_min_ps(_mm256_max_ps(y, low), high);  // max(NaN, low) is low, as y >= low ? y : low
+                y = _mm256_add_ps(_mm256_sub_ps(_mm256_add_ps(y, magic), magic), zero_point);  // rint, ties to even
+                levels[half] = _mm256_cvttps_epi32(y);
+            }
+            // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
+            const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(levels[0], levels[1]), 0xD8);
+            const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
+            const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm_packus_epi16(low_words, high_words)
+                                                             : _mm_packs_epi16(low_words, high_words);
+            if (valid == LANES) {
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(o), bytes);
+            } else {
+                alignas(16) T all[LANES];
+                _mm_store_si128(reinterpret_cast<__m128i *>(all), bytes);
+                std::memcpy(o, all, valid * sizeof(T));
+            }
         }
     }
 }
