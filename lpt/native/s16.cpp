@@ -12,7 +12,10 @@
 // values (when dilation_w = 1). The weights are packed per block of 16 output channels as
 // [kernel_h][kernel_w][channel pair][16][2]: one pair of input channels for 16 outputs is 32 int16,
 // two ymm registers. A tile of 6 output positions × 16 output channels keeps 12 accumulators in
-// registers; each step broadcasts one int32 (a pair of source values) per position.
+// registers; each step broadcasts one int32 (a pair of source values) per position. When the
+// caller gives the output stage (convolve_staged), each tile's accumulators go through it while
+// they are in registers, so no int32 tensor is written. Depthwise convolutions have their own
+// loop (depthwise_block): no reduction over channels to pair, so each product is taken in int16.
 
 #include "s16.h"
 
