@@ -11,7 +11,8 @@ feed lpt's report, and 16 evaluation samples from bench/corpus_inputs.py):
   onnxruntime's `quantize_dynamic` (its defaults) run by onnxruntime, and run on lpt's exact backend
   (the two differ where onnxruntime's u8·s8 kernels saturate int16 pair sums: CPUs without VNNI);
 - LSB: lpt's backend vs onnxruntime on lpt's dynamic model, over every integer tensor
-  (DynamicQuantizeLinear outputs, MatMulInteger/ConvInteger accumulators) of the first samples;
+  (DynamicQuantizeLinear outputs, MatMulInteger/ConvInteger accumulators) of the first samples, end
+  to end and with each quantized op fed onnxruntime's inputs (what the op itself adds);
 - latency: median of `--repeats` runs on one evaluation sample, `--threads` threads: onnxruntime fp32,
   lpt's plan of lpt's model, onnxruntime on lpt's model, onnxruntime on quantize_dynamic's model.
 """
@@ -75,7 +76,8 @@ def measure(name: str, corpus, args, work: Path) -> dict:
                       "f32": len(dynamic.left_f32)}
     row["lpt report"] = dynamic.to_dict()
     check = result.report.check
-    row["lsb"] = {"max": check.max_lsb, "integer tensors": len(check.tensors)}
+    row["lsb"] = {"max end to end": check.max_lsb, "max, each op fed onnxruntime's inputs": check.max_local_lsb,
+                  "integer tensors": len(check.tensors)}
     lpt_path, _ = result.save(here / name, overwrite=True)
     plan = lpt.compile_model(lpt.clone(result.int8_model), threads=args.threads)
     row["sqnr lpt"] = worst(reference, [plan.run(feed) for feed in evaluation])

@@ -232,7 +232,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     samples = check_samples(dataset)
     check = timed("cross-check", cross_check, fq_model, int8_model, plan, samples)
     if dynamic_report is not None:  # its integer tensors vs onnxruntime's: cross_check follows FQs, it has none
-        check.tensors = check.local = integer_agreement(fq_model, plan, samples)
+        check.tensors = integer_agreement(fq_model, plan, samples)
+        check.local = integer_agreement(fq_model, plan, samples, local=True)
     # compare reads the data once: the first `subset_size` samples, as one dict (with their labels, if any)
     collected = dataset.collect()
     agreement = timed("run", compare, reference, fq_model, collected, batch_axes=batch_axes, **on_ray,

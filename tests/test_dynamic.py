@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from onnx import helper
 
 import lpt
+import lpt.native
 from cli.main import main
 from lpt.calibration.dynamic import integer_agreement, quantize_dynamic
 from lpt.model_io import to_proto
@@ -76,6 +77,9 @@ def test_lpt_equals_onnxruntime_on_the_dynamic_model():
     assert len(agreement) == 9  # 3 × (u8 tensor, zero point) + 3 int32 accumulators
     assert all(t.max_lsb == 0 for t in agreement)
     np.testing.assert_allclose(plan.run(feeds)["y"], run_ort(to_proto(dynamic), feeds)[0], rtol=1e-5, atol=1e-6)
+    if lpt.native.available():  # constant weights: the engine, the run-time source zero point taken off after
+        engines = {s.op_types[0]: s.engine for s in plan.steps if s.op_types[0] == "MatMulInteger"}
+        assert engines and all(lpt.native.is_native_engine(e) for e in engines.values())
 
 
 def spread_matmul() -> onnx.ModelProto:
@@ -141,7 +145,7 @@ def test_quantize_dynamic_through_the_pipeline_and_ignore():
     assert report.calibration is None and [o.node for o in report.dynamic.quantized] == ["matmul"]
     left = {o.node: o.how for o in report.dynamic.left_f32}
     assert left["gemm"] == "ignored (--ignore)" and left["conv"].startswith("Conv stays f32 by default")
-    assert report.check.tensors and report.check.max_lsb == 0
+    assert report.check.tensors and report.check.max_lsb == 0 and report.check.local and report.check.max_local_lsb == 0
     assert report.agreement.outputs["y"].sqnr_db > 30  # against fp32, not against the dynamic model itself
     assert report.agreement.outputs["y"].sqnr_db < 200
     # u8 x u8 products: no note that onnxruntime's u8 x s8 kernels saturate on AVX2 (a static model gets one there)

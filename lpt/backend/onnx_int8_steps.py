@@ -53,8 +53,10 @@ def _runner(node: ir.Node):
         return lambda x, w, x_zp=None, w_zp=None: [
             kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window)).astype(np.int32)]
     if op == "MatMulInteger":
-        return lambda a, b, a_zp=None, b_zp=None: [
-            kernels.matmul_accumulate(a, _zero(a_zp), b, _zero(b_zp)).astype(np.int32)]
+        def on_kernels(a, b, a_zp=None, b_zp=None):
+            return [kernels.matmul_accumulate(a, _zero(a_zp), b, _zero(b_zp)).astype(np.int32)]
+
+        return _native_matmul_integer(node, on_kernels) or on_kernels
     if op in ("QLinearConv", "QLinearMatMul"):
         def run(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None):
             info = np.iinfo(y_zp.dtype)
@@ -76,6 +78,39 @@ def _runner(node: ir.Node):
     return lambda x: list(dynamic_quantize_linear(x))
 
 
+def _native_matmul_integer(node: ir.Node, on_kernels):
+    """MatMulInteger with constant weights (a dynamically quantized model's) on lpt's native engine, or None.
+
+    The weights less their zero point are int8 (quantize_dynamic's and lpt's u8 weights around 128
+    are), so the engine computes Σ a·(w − zw) once per run, and the source zero point, which
+    DynamicQuantizeLinear gives at run time, comes off as za·Σ_k (w − zw) per column: exact integers."""
+    from lpt import native
+
+    weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
+    if not native.available() or weights is None or weight_zp is None or weights.ndim != 2 or np.ndim(weight_zp) > 1:
+        return None
+    shifted = weights.astype(np.int32) - weight_zp.astype(np.int32)
+    if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
+        return None
+    try:
+        matmul = native.MatMul(shifted.astype(np.int8))
+    except native.Unsupported:
+        return None
+    column_sums = shifted.sum(axis=0, dtype=np.int64)
+
+    def run(a, b, a_zp=None, b_zp=None):
+        source_zp = _zero(a_zp)
+        if np.size(source_zp) != 1 or np.asarray(a).ndim < 1:  # a zero point per row: lpt's kernels
+            return on_kernels(a, b, a_zp, b_zp)
+        acc = matmul.accumulate(a)
+        if int(source_zp):
+            acc = (acc - int(source_zp) * column_sums).astype(np.int32)
+        return [acc]
+
+    run.engine = native.engine_name(matmul.route)
+    return run
+
+
 def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
     """A kernel step for a standard int8 op, or None (unknown op, or a type the kernels do not take)."""
     if node.op_type not in _OPS or node.domain not in ("", "ai.onnx"):
@@ -95,5 +130,5 @@ def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
         return run(*arguments)
 
     step = Step(call, tuple(names[i] for i in present), tuple(v.name for v in node.outputs), (node.name,),
-                (node.op_type,), "int8 kernel")
+                (node.op_type,), "int8 kernel", engine=getattr(run, "engine", ""))
     return step, [node]

@@ -277,21 +277,31 @@ def check_options(**options) -> None:
                                 "(static calibration only) cannot be combined with it")
 
 
-def integer_agreement(model: ir.Model, plan, feeds: dict[str, np.ndarray]) -> list:
+def integer_agreement(model: ir.Model, plan, feeds: dict[str, np.ndarray], *, local: bool = False) -> list:
     """Every integer tensor of the dynamic `model` (DynamicQuantizeLinear's u8 output and zero point,
     ConvInteger's and MatMulInteger's int32 accumulators) on lpt's `plan` vs onnxruntime, in LSBs.
 
     crosscheck's figure follows quantize nodes back to an FQ model's f32 tensors; a dynamic model
-    has none, so its integers are compared directly."""
-    from lpt.crosscheck import TensorAgreement, run_onnxruntime
+    has none, so its integers are compared directly. End to end (default), the f32 ops between them
+    (onnxruntime regions in lpt's plan, another session's graph in the reference) can move a value
+    across a rounding boundary, and an accumulator then differs by a weight column's sum. With `local`,
+    each step reads the reference's values of the quantized ops' inputs, so each figure is what its own
+    op adds."""
+    from lpt.crosscheck import TensorAgreement, _run_steps, run_onnxruntime
 
-    names = [v.name for node in model.graph if node.op_type in ("DynamicQuantizeLinear", "MatMulInteger",
-                                                                   "ConvInteger")
-             for v in node.outputs if v.name and v.dtype is not None and v.dtype.is_integer()]
+    quantized_ops = [node for node in model.graph
+                     if node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")]
+    names = [v.name for node in quantized_ops for v in node.outputs
+             if v.name and v.dtype is not None and v.dtype.is_integer()]
     if not names:
         return []
-    theirs = run_onnxruntime(model, feeds, names)
-    ours = plan.run(feeds, keep=True)
+    sources = [node.inputs[0].name for node in quantized_ops if node.op_type == "DynamicQuantizeLinear"
+               and node.inputs[0].name not in feeds and node.inputs[0].name not in plan.constants]
+    theirs = run_onnxruntime(model, feeds, names + sources)
+    if local:
+        ours = _run_steps(plan, feeds, theirs, keep=set(names))
+    else:
+        ours = plan.run(feeds, keep=True)
     result = []
     for name in names:
         if name not in ours:  # fused away inside a step: not materialized
