@@ -124,9 +124,11 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
 // Accumulators [images, positions, C] (channels-last) → out, either channels-last too or
 // channels-first [images, C, positions]. Channels-first goes through a tile of BLOCK positions, so
 // that each output row is written in runs of BLOCK contiguous values.
+// With `fast` (the same stage as s16's Epilogue, where the CPU has AVX2), channels-last rows go
+// through lpt_s16::stage_channels, eight channels per instruction.
 template <typename T>
 void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images, int64_t positions,
-            int64_t channels, bool channels_first, void *out_v, int threads) {
+            int64_t channels, bool channels_first, void *out_v, int threads, const lpt_s16::Epilogue *fast) {
     constexpr int64_t BLOCK = 64;
     T *out = static_cast<T *>(out_v);
     const int64_t blocks = (positions + BLOCK - 1) / BLOCK, tasks = images * blocks;
@@ -142,6 +144,8 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
                 const int64_t row = (n * positions + p0 + p) * channels;
                 if (channels_first)
                     stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), tile.data() + p, BLOCK);
+                else if (fast && !std::is_same_v<T, int32_t>)
+                    lpt_s16::stage_channels(*fast, hi + row, lo ? lo + row : nullptr, channels, out + row);
                 else
                     stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), out + row, 1);
             }
@@ -154,12 +158,13 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
 }
 
 void finish_as(Dst dst, const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images,
-               int64_t positions, int64_t channels, bool channels_first, void *out, int threads) {
+               int64_t positions, int64_t channels, bool channels_first, void *out, int threads,
+               const lpt_s16::Epilogue *fast = nullptr) {
     switch (dst) {
-        case Dst::s32: finish<int32_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
-        case Dst::f32: finish<float>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
-        case Dst::u8: finish<uint8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
-        case Dst::s8: finish<int8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads); break;
+        case Dst::s32: finish<int32_t>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
+        case Dst::f32: finish<float>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
+        case Dst::u8: finish<uint8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
+        case Dst::s8: finish<int8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
     }
 }
 
@@ -410,7 +415,8 @@ void check_stage(const Operation &op) {
         throw std::invalid_argument("bias must have one value per output channel");
 }
 
-// Route s16 applies the output stage to each tile of accumulators (s16.h: Epilogue).
+// The output stage as lpt_s16's vector code takes it (s16.h: Epilogue): route s16 applies it to each
+// tile of accumulators, the other routes to each channels-last row oneDNN leaves.
 void prepare_epilogue(Operation &op) {
     const OutputStage &s = op.stage;
     const size_t padded = (size_t)(op.out_channels + 15) / 16 * 16;
@@ -483,6 +489,7 @@ PyObject *py_conv(PyObject *, PyObject *args) {
         for (const auto *v : {&op->strides, &op->dilations, &op->pads_begin, &op->pads_end})
             if ((int)v->size() != spatial) throw std::invalid_argument("strides, dilations and pads need one value per kernel axis");
         check_stage(*op);
+        prepare_epilogue(*op);
         if (op->route == Route::s16) {
             op->depthwise = groups > 1 && shape[1] == 1 && shape[0] == groups;
             if ((groups != 1 && !op->depthwise) || spatial > 2)
@@ -495,7 +502,6 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                             axis(op->pads_end, y, 0), op->pads_end.back()};
             op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
                                        : lpt_s16::pack_weights(op->weights.data(), op->geometry);
-            prepare_epilogue(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -528,13 +534,13 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
         op->in_channels = shape[0];
         op->out_channels = shape[1];
         check_stage(*op);
+        prepare_epilogue(*op);
         if (op->route == Route::s16) {  // a 1×1 convolution with K input channels and N outputs
             op->geometry = {shape[0], shape[1], 1, 1};
             std::vector<int8_t> transposed(op->weights.size());
             for (int64_t k = 0; k < shape[0]; ++k)
                 for (int64_t n = 0; n < shape[1]; ++n) transposed[n * shape[0] + k] = op->weights[k * shape[1] + n];
             op->packed = lpt_s16::pack_weights(transposed.data(), op->geometry);
-            prepare_epilogue(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -650,7 +656,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const int64_t out_positions = (int64_t)out_items / (out_images * channels);
     const bool channels_first = op.kind == Kind::conv && !channels_last_out;
     finish_as(dst, op.stage, p.acc_hi.data(), lo, out_images, out_positions, channels, channels_first,
-              out, op.threads);
+              out, op.threads, dst == op.stage.dst && lpt_s16::supported() ? &op.epilogue : nullptr);
     if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
         // a large batch's scratch would stay allocated in every layer: give it back
         std::vector<int32_t>().swap(p.acc_hi);

@@ -85,7 +85,7 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
     for (int64_t j = 0; j < count; ++j) {
         __m256 x[2];
         for (int half = 0; half < 2; ++half) {
-            const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * half));
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * half));
             x[half] = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + 8 * half));
             if (e.bias) x[half] = _mm256_add_ps(x[half], _mm256_loadu_ps(e.bias + c0 + 8 * half));
             for (int64_t k = 0; k < e.clip_pairs; ++k) {
@@ -297,6 +297,23 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
         case Epilogue::f32: staged(static_cast<float *>(out)); break;
         case Epilogue::u8: staged(static_cast<uint8_t *>(out)); break;
         case Epilogue::s8: staged(static_cast<int8_t *>(out)); break;
+    }
+}
+
+void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out) {
+    alignas(32) int32_t acc[LANES];
+    for (int64_t c0 = 0; c0 < channels; c0 += LANES) {
+        const int64_t valid = std::min(LANES, channels - c0);
+        if (lo)
+            for (int64_t c = 0; c < valid; ++c) acc[c] = (int32_t)((uint32_t)hi[c0 + c] * 64u + (uint32_t)lo[c0 + c]);
+        else
+            std::memcpy(acc, hi + c0, valid * sizeof(int32_t));
+        std::fill(acc + valid, acc + LANES, 0);  // lanes past the row: computed, never stored
+        switch (e.type) {
+            case Epilogue::f32: stage(e, acc, 1, c0, valid, static_cast<float *>(out) + c0, 0); break;
+            case Epilogue::u8: stage(e, acc, 1, c0, valid, static_cast<uint8_t *>(out) + c0, 0); break;
+            case Epilogue::s8: stage(e, acc, 1, c0, valid, static_cast<int8_t *>(out) + c0, 0); break;
+        }
     }
 }
 

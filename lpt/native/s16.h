@@ -80,4 +80,8 @@ void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry 
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                       int64_t w, const Epilogue &e, void *out, int threads);
 
+// The same output stage on one row of `channels` accumulators from elsewhere (oneDNN's: hi, or
+// hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
+void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
+
 }  // namespace lpt_s16
