@@ -100,6 +100,31 @@ def test_matmul_equals_the_pairwise_twin(m, k, n, limit):
     assert (peaks[~passing] <= limit).all() and passing.any() == (k > 1)
 
 
+def test_matmul_with_rows_few_or_most_past_the_screen_equals_the_pairwise_twin():
+    """Enough rows that the distinct (a0, a1) values are counted, not sorted; one column pair whose every
+    row passes the screen (its corrections gathered for every row), one where 300 rows do (scattered to
+    them), one where none do: the twin's sums, and its peaks."""
+    m, k, n, limit = 20000, 6, 5, 20000
+    a = RNG.integers(0, 60, (m, k)).astype(np.uint8)
+    a[:, :2] = RNG.integers(150, 256, (m, 2))
+    few = RNG.choice(m, 300, replace=False)
+    a[few, 2:4] = RNG.integers(200, 256, (300, 2))
+    b = RNG.integers(90, 128, (k, n)).astype(np.int8) * np.array([1, -1, 1, -1, 1], np.int8)
+    b[2:4, 1] = 0  # a column without risky pairs in the second column pair
+    peaks = np.zeros(n, np.int64)
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    fast = exact + PairSaturation.of(b, limit).corrections(a, peaks)
+    twin = pairwise_reference(a, 0, b, limit)
+    np.testing.assert_array_equal(fast, twin)
+    products = a.astype(np.int64)[:, :, None] * b.astype(np.int64)[None]
+    pair_sums = np.abs(products[:, 0::2] + products[:, 1::2])  # [M, K/2, N]
+    past = (pair_sums > limit).any(axis=2)  # rows whose sums pass the limit, per column pair
+    assert past[:, 0].sum() > m // 2 and 0 < past[few, 1].sum() == past[:, 1].sum()  # pair 1: only `few`
+    assert not past[:, 2].any()
+    sums = pair_sums.max(axis=(0, 1))
+    np.testing.assert_array_equal(peaks, np.where(sums > limit, sums, 0))
+
+
 def test_a_pair_of_small_or_opposite_weights_never_saturates():
     """The fast form's premise, exhaustively on the extremes: only same-sign |b0| + |b1| ≥ 129 can saturate."""
     values = np.arange(-128, 128)
@@ -257,6 +282,35 @@ def test_emulated_plan_reproduces_the_saturating_kernel(digits_cnn_fq):
     conv1 = saturation_report(emulated)[0]
     assert conv1.name == "/conv1/Conv" and conv1.saturated_channels == 8 and conv1.changed_channels >= 6
     assert 0 < conv1.saturated_share < 1 and conv1.sqnr_db < 30
+
+
+@pytest.mark.parametrize("name, count", [("digits_cnn", 60), ("digits_transformer", 20)])
+def test_emulation_without_measuring_counts_on_the_touched_rows_what_the_full_pass_counts(name, count):
+    """measure=False (the overflow fix) runs the exact output stage again only on the rows some correction
+    touches; measure=True on the whole output. The same outputs, and per layer the same channels saturated
+    and moved, peaks and counts, at the overflow fix's margin (conv, matmul, Q·Kᵀ of two activations)."""
+    fq = lpt.calibration.calibrate(f"models/{name}.onnx", f"models/{name}.npz", quiet=True, subset_size=count,
+                                   overflow_fix="none").model
+    int8 = lpt.clone(fq)
+    lpt.transform(int8)
+    x = {k: v[:count] for k, v in np.load(f"models/{name}.npz").items() if k in {i.name for i in int8.graph.inputs}}
+    runs = {}
+    for measure in (True, False):
+        plan = lpt.compile_model(int8, emulate=Emulation(limit=20000, measure=measure))
+        outputs = plan.run(x)
+        stats = {s.nodes[0]: s.run.statistics for s in plan.steps if getattr(s.run, "statistics", None) is not None}
+        runs[measure] = outputs, stats
+    (full, full_stats), (rows, row_stats) = runs[True], runs[False]
+    for output in full:
+        np.testing.assert_array_equal(full[output], rows[output])
+    assert full_stats.keys() == row_stats.keys()
+    for layer, a in full_stats.items():
+        b = row_stats[layer]
+        np.testing.assert_array_equal(a.saturated, b.saturated)
+        np.testing.assert_array_equal(a.changed, b.changed)
+        np.testing.assert_array_equal(a.peak, b.peak)
+        assert (a.accumulators, a.saturated_accumulators) == (b.accumulators, b.saturated_accumulators), layer
+    assert sum(a.changed.sum() for a in full_stats.values()) > 0  # something moved: the test can tell
 
 
 def test_compare_emulate_scores_what_onnxruntime_scores_on_avx2(digits_cnn_fq):

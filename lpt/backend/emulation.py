@@ -86,11 +86,48 @@ class SaturatingLayer:
     def __call__(self, *arrays):
         exact = self.accumulate(*arrays)[0]
         corrections = self._corrections(*arrays)
+        if not self.measure and self._by_rows:
+            return [self._sparse(exact, corrections)]
         hit = corrections != 0
         saturated = exact if not hit.any() else (exact + corrections).astype(exact.dtype)
         out = self._output(saturated)
         self._count(hit, exact, out)
         return [out]
+
+    @property
+    def _by_rows(self) -> bool:
+        """Whether the output stage can run on some rows alone ([rows, channels]): per-channel values
+        only, elementwise post-ops, a per-tensor destination (or none)."""
+        layer = self.layer
+        return ((layer.destination is None or layer.destination.output_stage_destination() is not None)
+                and all(isinstance(op, (kernels.Relu, kernels.Clip, kernels.Sigmoid)) for op in layer.post_ops))
+
+    def _sparse(self, exact: np.ndarray, corrections: np.ndarray) -> np.ndarray:
+        """The saturated output, its statistics counted on the rows (one output position, every channel)
+        that some correction touches: elsewhere the exact and the saturated outputs are the same values,
+        so the exact output stage runs on those rows only, not on the whole tensor a second time."""
+        stats, axis = self.statistics, self.layer.channel_axis
+        channels = exact.shape[axis]
+        touched = np.moveaxis(corrections, axis, -1).reshape(-1, channels) != 0
+        rows = np.flatnonzero(touched.any(axis=1))
+        if stats.saturated.size != channels:  # a right-hand side known only now
+            stats.channels = channels
+            stats.saturated, stats.changed = np.zeros(channels, bool), np.zeros(channels, bool)
+            stats.peak = np.zeros(channels, np.int64)
+        stats.accumulators += touched.size
+        if not rows.size:
+            return self._output(exact)
+        hit = touched[rows]
+        stats.saturated_accumulators += int(hit.sum())
+        before = np.moveaxis(exact, axis, -1).reshape(-1, channels)[rows]  # [rows, channels]: a copy
+        out = self._output((exact + corrections).astype(exact.dtype, copy=False))
+        after = np.moveaxis(out, axis, -1).reshape(-1, channels)[rows]
+        reference = self._output(before)  # channels on axis 1 = −1 of [rows, channels], as in the layer's output
+        moved = (np.abs(reference.astype(np.int32) - after) > 1 if self.layer.destination is not None
+                 else reference != after)
+        stats.saturated |= hit.any(axis=0)
+        stats.changed |= moved.any(axis=0)
+        return out
 
     def _corrections(self, *arrays) -> np.ndarray:
         src, peaks = arrays[0], self.statistics.peak

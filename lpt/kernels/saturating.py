@@ -28,6 +28,9 @@ The fast form: a pair can saturate only where both weights have the same sign an
 result is the exact accumulator plus, on those few pairs, the correction sat16(p) − p:
 `PairSaturation` finds them once per weight matrix and `corrections` computes them for given rows
 of A (`ConvPairSaturation` for a convolution's im2col rows, gathering only the columns they read).
+Only rows whose a0 + a1 pass a bound form sums, and those a column pair at a time on their distinct
+(a0, a1) values (u8 pairs: a first layer's 145 000 rows hold a few thousand), the corrections then
+gathered to the rows, with no array of the output's size per pair or per kernel position.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ import numpy as np
 from lpt.kernels.window import Window
 
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
-ROWS_PER_BLOCK = 4096  # rows of A whose pair sums are formed at once: bounds the scratch memory
+ROWS_PER_BLOCK = 4096  # at least this many rows of A are screened at once
+PAIRS_PER_GROUP = 2000  # below this many sums per column pair, `accumulate` forms them all at once
+SCREEN_BUDGET = 16 << 20  # bytes of screening sums (rows × column pairs) at once: bounds the scratch memory
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: ndarray fields have no boolean ==
@@ -102,8 +107,9 @@ class PairSaturation:
         if not self.count:
             return out
         screen = self.screen(first)
-        for begin in range(0, a.shape[0], ROWS_PER_BLOCK):
-            rows = a[begin:begin + ROWS_PER_BLOCK]
+        block = max(ROWS_PER_BLOCK, SCREEN_BUDGET // (4 * len(screen.firsts)))  # the sums below: [block, J] int32
+        for begin in range(0, a.shape[0], block):
+            rows = a[begin:begin + block]
             sums = np.add(rows[:, screen.firsts], rows[:, screen.firsts + 1], dtype=np.int32)  # [rows, J]
             row, group = np.nonzero(sums > screen.bound)
             first_of = screen.firsts[group]
@@ -124,10 +130,51 @@ class PairSaturation:
                    a1: np.ndarray, peaks: np.ndarray | None = None) -> None:
         """Add to out [rows, N] the corrections of the rows `row` that passed `screen` for column pairs
         `group`, whose two activations are a0 and a1: every pair of the group is formed for them.
-        `peaks` [N] is raised to the largest |p| past the limit, per column."""
+        `peaks` [N] is raised to the largest |p| past the limit, per column.
+
+        A group at a time, on the distinct (a0, a1) of its rows: a pair sum depends on nothing else,
+        and a layer's many rows take few distinct values (u8 pairs), so the sums, their corrections
+        and the peaks are formed once per value and the corrections gathered to the rows that hit.
+        A group's pairs have distinct columns and its rows are distinct, so no two writes collide."""
         if not row.size:
             return
-        repeat = screen.counts[group]  # the group's pairs sit at begins[g] .. begins[g] + counts[g] of `order`
+        repeat = screen.counts[group]
+        if repeat.sum() < PAIRS_PER_GROUP * np.count_nonzero(np.bincount(group)):  # few rows: every pair at once
+            self._accumulate_pairs(out, screen, row, group, a0, a1, repeat, peaks)
+            return
+        order = np.argsort(group, kind="stable")
+        groups, begins = np.unique(group[order], return_index=True)
+        ends = np.append(begins[1:], len(order))
+        codes = (a0.astype(np.int32) << 8) | a1.astype(np.int32)  # the pair (a0, a1) as one integer
+        for g, begin, end in zip(groups.tolist(), begins.tolist(), ends.tolist()):
+            members = order[begin:end]
+            pairs = screen.order[screen.begins[g]:screen.begins[g] + screen.counts[g]]
+            values, inverse = _distinct(codes[members])
+            sums = ((values >> 8)[:, None] * self.weights[pairs, 0] + (values & 255)[:, None] * self.weights[pairs, 1])
+            past = np.abs(sums) > self.limit  # −limit − 1 itself is in range: its correction is 0
+            if not past.any():
+                continue
+            columns = self.column[pairs]
+            if peaks is not None:
+                peaks[columns] = np.maximum(peaks[columns], np.where(past, np.abs(sums), 0).max(axis=0))
+            hitting = np.flatnonzero(past.any(axis=1))
+            table = np.zeros((len(hitting) + 1, self.columns), np.int32)  # a row of corrections per value; last: none
+            table[:-1, columns] = np.clip(sums[hitting], -self.limit - 1, self.limit) - sums[hitting]
+            lookup = np.full(len(values), len(hitting), np.intp)
+            lookup[hitting] = np.arange(len(hitting))
+            index = lookup[inverse]
+            if 4 * len(members) > len(out):  # most rows: gather a row for each, and add without a scatter
+                every = np.full(len(out), len(hitting), np.intp)
+                every[row[members]] = index
+                out += np.take(table, every, axis=0)
+            else:
+                hit = index < len(hitting)
+                out[row[members[hit]]] += table[index[hit]]
+
+
+    def _accumulate_pairs(self, out, screen, row, group, a0, a1, repeat, peaks) -> None:
+        """`accumulate` for few rows: each row's pairs of its group formed side by side in one array (a
+        loop over groups would cost more than the sums), the corrections added where they pass."""
         offsets = np.arange(int(repeat.sum())) - np.repeat(np.cumsum(repeat) - repeat, repeat)
         index = screen.order[np.repeat(screen.begins[group], repeat) + offsets]
         row = np.repeat(row, repeat)
@@ -139,9 +186,17 @@ class PairSaturation:
         row, column, pair = row[past], self.column[index[past]], pair[past]
         if peaks is not None:
             np.maximum.at(peaks, column, np.abs(pair))
-        excess = np.clip(pair, -self.limit - 1, self.limit) - pair
-        flat = np.bincount(row * self.columns + column, weights=excess, minlength=out.size)
-        out += flat.reshape(out.shape).astype(np.int32)
+        np.add.at(out, (row, column), np.clip(pair, -self.limit - 1, self.limit) - pair)  # `out` may be a strided view
+
+
+def _distinct(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values of int32 `codes` in [0, 2^16), the index of each code among them)."""
+    if len(codes) < 1 << 14:
+        return np.unique(codes, return_inverse=True)
+    present = np.flatnonzero(np.bincount(codes, minlength=1 << 16))
+    lookup = np.zeros(1 << 16, np.int64)
+    lookup[present] = np.arange(len(present))
+    return present.astype(np.int32), lookup[codes]
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,15 +285,22 @@ class ConvPairSaturation:
         tap_of, pair_of = np.divmod(screen.firsts, c)
         pair_of //= 2
         neighbours = np.add(channels[..., 0::2], channels[..., 1::2], dtype=np.int16)
+        # The largest a0 + a1 of any channel pair at each input position, once: a kernel position's
+        # screen then looks closer only at the few outputs where it passes the smallest bound there.
+        loudest = neighbours.max(axis=-1)
         for tap in np.unique(tap_of):
             at = np.flatnonzero(tap_of == tap)  # the screen's groups at this kernel position
-            view = neighbours[(slice(None),) + taps[tap]]  # [N, *out, C/2]
-            found = np.nonzero(view[..., pair_of[at]] > screen.bound[at])
-            row = np.ravel_multi_index(found[:-1], view.shape[:-1])
-            group = at[found[-1]]
+            near = np.nonzero(loudest[(slice(None),) + taps[tap]] > screen.bound[at].min())  # ([N], *out)
+            if not near[0].size:
+                continue
+            view = neighbours[(slice(None),) + taps[tap]][near]  # [outputs near, C/2]
+            position, which = np.nonzero(view[:, pair_of[at]] > screen.bound[at])
+            found = tuple(index[position] for index in near)
+            row = np.ravel_multi_index(found, loudest[(slice(None),) + taps[tap]].shape)
+            group = at[which]
             values = channels[(slice(None),) + taps[tap]]  # [N, *out, C]
-            a0 = values[found[:-1] + (2 * pair_of[group],)]
-            a1 = values[found[:-1] + (2 * pair_of[group] + 1,)]
+            a0 = values[found + (2 * pair_of[group],)]
+            a1 = values[found + (2 * pair_of[group] + 1,)]
             pairs.accumulate(block, screen, row, group, a0, a1, peaks)
 
     def _gathered(self, block: np.ndarray, pairs: PairSaturation, channels: np.ndarray, taps: list, peaks) -> None:
