@@ -68,7 +68,7 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
         layer = chain[0]
         emulated = None
         if emulate is not None:  # the exact accumulator from lpt's kernels, then the CPU's saturation
-            emulated = saturating_layer_function(layer, partial(layer_function, threads=threads), emulate)
+            emulated = saturating_layer_function(layer, partial(accumulator_function, threads=threads), emulate)
         run, engine = emulated or (native_layer_function(layer, threads) if native else (None, ""))
         if run is None:
             run, engine = layer_function(layer, threads)
@@ -202,6 +202,30 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
 
     run.instruction = operation.instruction  # for lpt.backend.native_program
     return run, native.engine_name(operation.route)
+
+
+def accumulator_function(layer: Int8Layer, threads: int = 0):
+    """(run, engine) giving an output-stage-free layer's exact int32 accumulators: on the native engine
+    where it takes the layer (the emulations of lpt.backend.emulation start from these), else on
+    lpt's kernels (layer_function)."""
+    from lpt import native
+
+    if native.available() and layer.weights is not None and layer.op in ("conv", "matmul") and np.size(
+            layer.src_zero_point) == 1 and layer.attribute("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"):
+        try:
+            if layer.op == "conv":
+                operation = native.Conv(layer.weights, groups=layer.attribute("group", 1),
+                                        strides=layer.attribute("strides"), dilations=layer.attribute("dilations"),
+                                        pads=layer.attribute("pads"), src_zero_point=int(layer.src_zero_point),
+                                        weight_zero_point=layer.weight_zero_point, threads=threads)
+            else:
+                operation = native.MatMul(layer.weights, src_zero_point=int(layer.src_zero_point),
+                                          weight_zero_point=layer.weight_zero_point, threads=threads)
+        except native.Unsupported:
+            pass
+        else:
+            return (lambda x: [operation.accumulate(x)]), native.engine_name(operation.route)
+    return layer_function(layer, threads)
 
 
 def _native_product(layer: Int8Layer, stage: dict, threads: int):
