@@ -8,6 +8,7 @@ NAME.test.npz (test inputs + labels):
   lpt   lpt.calibration.calibrate with the default preset and estimator, then lpt.save
   ORT   onnxruntime.quantization.quantize_static: QuantFormat.QDQ, per_channel=True, QUInt8
         activations, QInt8 weights, MinMax calibration, the same samples in batches of 32
+  NNCF  nncf.quantize with its defaults on the same samples (when nncf is installed: pip install nncf)
 
 Both FQ models run in onnxruntime with graph optimizations off (its QDQ fusions would swap the
 f32 simulation for its own int8 kernels). Columns: output SQNR (dB) vs the fp32 model on the test
@@ -100,6 +101,20 @@ def quantize_lpt(fp32: Path, calib: dict[str, np.ndarray], out: Path, **options)
     return middle - start, time.perf_counter() - middle
 
 
+def quantize_nncf(fp32: Path, calib: dict[str, np.ndarray], out: Path) -> bool:
+    """NNCF's defaults on the calibration samples, one at a time; False when nncf is not installed."""
+    try:
+        import nncf
+    except ImportError:
+        return False
+    import onnx
+
+    n = len(next(iter(calib.values())))
+    samples = [{k: v[i:i + 1] for k, v in calib.items()} for i in range(n)]
+    onnx.save(nncf.quantize(onnx.load(str(fp32)), nncf.Dataset(samples), subset_size=n), str(out))
+    return True
+
+
 def evaluate(path: Path, test: dict[str, np.ndarray], labels, reference) -> tuple[float, float | None]:
     logits = run(path, test)
     return sqnr(reference, logits), top1(logits, labels)
@@ -128,6 +143,8 @@ def compare(models_dir: Path, repeat: int, sweep: bool) -> list[dict]:
             row = {"model": name, "fp32_top1": top1(reference, labels),
                    "lpt": evaluate(tmp / "lpt.onnx", test, labels, reference),
                    "ort": evaluate(tmp / "ort.onnx", test, labels, reference),
+                   "nncf": evaluate(tmp / "nncf.onnx", test, labels, reference)
+                   if quantize_nncf(fp32, calib, tmp / "nncf.onnx") else None,
                    **{f"{k}_s": statistics.median(v) for k, v in times.items()}}
             if sweep:
                 row["sweep"] = {}
@@ -149,12 +166,14 @@ def pct(x: float | None) -> str:
 def print_comparison(rows: list[dict]) -> None:
     table = Table(title=f"lpt ({DEFAULT_PRESET.value}, {DEFAULT_ESTIMATOR.value}) vs onnxruntime quantize_static "
                         "(QDQ, per-channel, u8/s8, MinMax)", title_justify="left")
-    for column in ("model", "SQNR lpt", "SQNR ORT", "top-1 fp32", "top-1 lpt", "top-1 ORT", "time lpt/ORT",
-                   "with save"):
+    for column in ("model", "SQNR lpt", "SQNR ORT", "SQNR NNCF", "top-1 fp32", "top-1 lpt", "top-1 ORT",
+                   "top-1 NNCF", "time lpt/ORT", "with save"):
         table.add_column(column, justify="right")
     for r in rows:
         (s_lpt, t_lpt), (s_ort, t_ort) = r["lpt"], r["ort"]
-        table.add_row(r["model"], f"{s_lpt:.2f} dB", f"{s_ort:.2f} dB", pct(r["fp32_top1"]), pct(t_lpt), pct(t_ort),
+        s_nncf, t_nncf = r["nncf"] or (None, None)
+        table.add_row(r["model"], f"{s_lpt:.2f} dB", f"{s_ort:.2f} dB", "-" if s_nncf is None else f"{s_nncf:.2f} dB",
+                      pct(r["fp32_top1"]), pct(t_lpt), pct(t_ort), pct(t_nncf),
                       f"{r['lpt_s'] / r['ort_s']:.2f} ({1000 * r['lpt_s']:.0f}/{1000 * r['ort_s']:.0f} ms)",
                       f"{(r['lpt_s'] + r['save_s']) / r['ort_s']:.2f}")
     console.print(table)

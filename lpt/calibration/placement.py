@@ -15,6 +15,10 @@ Transformer blocks stay f32 by default, each node listed in `skipped` with the r
 (transformer_blocks): Softmax, LayerNormalization and the ReduceMean/Sub/Pow/Sqrt/Div chain
 exporters write for it, and Erf-GELU (Div/Erf/Add/Mul). Their outputs are still quantized where
 a MatMul reads them; the attention MatMuls of two activations (Q·Kᵀ, attn·V) run int8.
+
+Audio front ends keep their power spectrum in f32 (spectral_power): the Conv/MatMul whose output
+is squared and summed (an STFT's re² + im²), and the layers reading that sum or its root before a
+Log (a mel filterbank, a first encoder Conv). Layers after the Log are quantized as usual.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class _Placer:
     def run(self) -> Placement:
         for pattern in self.rules.unused(self.graph):
             logger.warning("ignore pattern %r matches no node", pattern)
-        kept_f32 = transformer_blocks(self.graph)
+        kept_f32 = transformer_blocks(self.graph) | spectral_power(self.graph)
         for node in self.graph:
             pattern = self.rules.match(node)
             if pattern is not None:
@@ -281,6 +285,111 @@ class _Placer:
         for (value, axis), uses in self.weights.items():
             points.append(QuantizationPoint(value, WEIGHT, tuple(uses), axis=axis))
         return points
+
+
+# -- spectral power left in f32
+
+# A power or magnitude spectrum (re² + im², its square root, a mel sum of it) spans many orders of
+# magnitude: on an 8-bit linear grid sized by the loudest bin the quiet bins round to 0 (or get a relative
+# error of 100%), and a log of them, or the layer that reads them, sees nothing of what the fp32 model
+# sees. Measured on the corpus (bench/real_models.py): oww_melspectrogram's mel MatMul and STFT Convs
+# quantized gave −2.4 dB at its output, 0.9 dB with the STFT alone; silero_vad_16k_op15's state 3.4 dB
+# with its STFT Conv and first encoder Conv quantized, 13 dB with both in f32 (either alone: 3.3, 5.4);
+# dnsmos_sig_bak_ovr (STFT, √(re² + im²), Log, then a CNN) 8.8 dB, 41 dB with its two STFT Convs in f32.
+# What is left f32 is the front end only: the layers after the Log, or after the first reader, stay int8.
+_SPECTRAL_TRANSFORM = "spectral power: the transform whose output is squared stays f32 (a power spectrum's quiet " \
+                      "bins are lost on an 8-bit grid)"
+_SPECTRAL_READER = "spectral power: a layer reading a power or magnitude spectrum stays f32 (its quiet bins are " \
+                   "lost on an 8-bit grid)"
+# Between the transform and the square: ops that move or scale its values (real and imaginary halves sliced
+# out of one Conv's output, a window or a normalisation constant).
+_TO_SQUARE_OPS = ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Split", "Gather",
+                  "Identity", "Concat", "Neg", "Cast", "Mul", "Div")
+# After the square, up to the log or the layer: sums of squares, roots, floors, scales and moves.
+_POWER_OPS = ("Add", "Sub", "Mul", "Div", "Sqrt", "Pow", "ReduceSum", "ReduceMean", "Clip", "Max", "Min", "Relu",
+              "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Gather", "Identity", "Concat",
+              "Cast")
+
+
+def spectral_power(graph: ir.Graph) -> dict[ir.Node, str]:
+    """The layers around a power spectrum, each with why it stays f32: the Conv/MatMul whose output is
+    squared and summed (re² + im², or a ReduceSum over the pair), and the layers that read that sum (or its
+    root, its mel projection...) before any Log. Only when the sum reaches a Log or a layer: an L2 norm
+    (x / √Σx²) squares a layer's output too, but divides by the sum, and is left alone."""
+    kept: dict[ir.Node, str] = {}
+    for node in graph:
+        x = _squared(node)
+        if x is None:
+            continue
+        readers, summed, logged = _power_uses(node.outputs[0])
+        if not summed or not (readers or logged):
+            continue
+        for layer in _transforms_of(x):
+            kept.setdefault(layer, _SPECTRAL_TRANSFORM)
+        for layer in readers:
+            kept.setdefault(layer, _SPECTRAL_READER)
+    return kept
+
+
+def _squared(node: ir.Node) -> ir.Value | None:
+    """x when `node` is x² (Pow(x, 2) or Mul(x, x)), else None."""
+    if node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return None
+    if node.op_type == "Mul" and node.inputs[0] is node.inputs[1] and const_array(node.inputs[0]) is None:
+        return node.inputs[0]
+    if node.op_type == "Pow":
+        exponent = const_array(node.inputs[1])
+        if exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0:
+            return node.inputs[0]
+    return None
+
+
+def _power_uses(power: ir.Value) -> tuple[list[ir.Node], bool, bool]:
+    """(layers reading `power` through _POWER_OPS, whether it is summed on the way, whether a Log reads it)."""
+    readers, summed, logged = [], False, False
+    pending, seen = [power], set()
+    while pending:
+        value = pending.pop()
+        if value in seen or value.is_graph_output():
+            continue
+        seen.add(value)
+        for use in value.uses():
+            node = use.node
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Log":
+                logged = True
+            elif node.op_type in QUANTIZABLE_OPS:
+                if node not in readers and const_array(node.inputs[use.idx]) is None:
+                    readers.append(node)
+            elif node.op_type in _POWER_OPS:
+                data = [v for v in node.inputs if v is not None and const_array(v) is None]
+                if node.op_type in ("Add", "Sub", "Mul", "Div", "Max", "Min") and len(data) > 1:
+                    if node.op_type != "Add":
+                        continue  # a product or ratio of two tensors (an L2 norm's x / √Σx²): not a power any more
+                    summed = True  # re² + im²
+                summed |= node.op_type in ("ReduceSum", "ReduceMean")
+                pending += [out for out in node.outputs if out is not None]
+    return readers, summed, logged
+
+
+def _transforms_of(x: ir.Value) -> list[ir.Node]:
+    """The Conv/MatMul/Gemm layers `x` comes from through _TO_SQUARE_OPS (a constant scale at most)."""
+    found, pending, seen = [], [x], set()
+    while pending:
+        value = pending.pop()
+        node = value.producer() if value is not None else None
+        if node is None or node in seen or node.domain not in ("", "ai.onnx"):
+            continue
+        seen.add(node)
+        if node.op_type in QUANTIZABLE_OPS:
+            found.append(node)
+        elif node.op_type in _TO_SQUARE_OPS:
+            data = [v for v in node.inputs if v is not None and const_array(v) is None]
+            if node.op_type in ("Mul", "Div") and len(data) != 1:
+                continue  # a product of two tensors is not a scaled transform
+            pending += data if node.op_type == "Concat" else data[:1]
+    return found
 
 
 # -- transformer blocks left in f32
