@@ -319,24 +319,7 @@ def _image(shape: tuple[int, ...], seed: int, text_line: bool) -> np.ndarray:
     """[1, C, H, W] float in 0..255: a random crop of a photo, or a strip of text."""
     skimage = _skimage_data()
     _, channels, height, width = shape
-    rng = np.random.default_rng(seed)
-    if text_line:
-        source = _photo("page")
-        top, bottom = _text_rows(source)[rng.integers(0, len(_text_rows(source)))]
-        margin = (bottom - top) * rng.uniform(0.2, 0.6)
-        top, bottom = max(0, int(top - margin)), min(source.shape[0], int(bottom + margin))
-        length = min(source.shape[1], int((bottom - top) * width / height * rng.uniform(0.8, 1.3)))
-        left = rng.integers(0, source.shape[1] - length + 1)
-        crop = source[top:bottom, left:left + length]
-    else:
-        source = _photo(PHOTOS[seed % len(PHOTOS)])
-        rows, cols = source.shape[:2]
-        side = rng.uniform(0.4, 1.0)
-        crop_rows, crop_cols = int(rows * side), int(cols * side)
-        top, left = rng.integers(0, rows - crop_rows + 1), rng.integers(0, cols - crop_cols + 1)
-        crop = source[top:top + crop_rows, left:left + crop_cols]
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
+    crop = _crop(seed, text_line, width / height)
     resized = skimage.transform.resize(crop, (height, width), anti_aliasing=True, preserve_range=True)
     if channels == 1:
         resized = resized.mean(axis=2, keepdims=True)

@@ -1086,14 +1086,16 @@ PyObject *py_program(PyObject *, PyObject *args) {
             for (auto v : int_sequence(in_o, "instruction inputs")) ins.in.push_back((int)v);
             const std::string k(kind);
             bool parsed = true;
-            if (k == "layer") {
-                ins.code = Code::layer;
-                ins.operation = operation(extra);
-                parsed = ins.operation != nullptr;
-                if (parsed) {
+            auto hold = [&](const void *pointer) {  // the capsule behind a layer or a product, kept alive
+                if (pointer) {
                     ins.capsule = extra;
                     Py_INCREF(extra);
                 }
+                return pointer != nullptr;
+            };
+            if (k == "layer") {
+                ins.code = Code::layer;
+                parsed = hold(ins.operation = operation(extra));
             } else if (k == "quantize") {
                 int signed_out;
                 ins.code = Code::quantize;
@@ -1114,12 +1116,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.multiply = multiply, ins.relu = relu;
             } else if (k == "product") {
                 ins.code = Code::product;
-                ins.product = product_of(extra);
-                parsed = ins.product != nullptr;
-                if (parsed) {
-                    ins.capsule = extra;
-                    Py_INCREF(extra);
-                }
+                parsed = hold(ins.product = product_of(extra));
             } else if (k == "mean") {
                 ins.code = Code::mean;
             } else if (k == "max_pool") {

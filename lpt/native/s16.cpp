@@ -274,32 +274,6 @@ PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
     return packed;
 }
 
-void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
-               int32_t *acc, int threads) {
-    const int64_t oc = g.out_channels;
-    each_depthwise_tile(wide, packed, g, images, h, w, threads,
-                        [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
-                            for (int64_t j = 0; j < count; ++j)
-                                std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
-                        });
-}
-
-void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                      int64_t w, const Epilogue &e, void *out, int threads) {
-    const int64_t oc = g.out_channels;
-    auto staged = [&](auto *typed) {
-        each_depthwise_tile(wide, packed, g, images, h, w, threads,
-                            [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
-                                stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
-                            });
-    };
-    switch (e.type) {
-        case Epilogue::f32: staged(static_cast<float *>(out)); break;
-        case Epilogue::u8: staged(static_cast<uint8_t *>(out)); break;
-        case Epilogue::s8: staged(static_cast<int8_t *>(out)); break;
-    }
-}
-
 void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out) {
     alignas(32) int32_t acc[LANES];
     for (int64_t c0 = 0; c0 < channels; c0 += LANES) {
@@ -317,30 +291,56 @@ void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int
     }
 }
 
-void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
-              int32_t *acc, int threads) {
+namespace {
+
+// Accumulators [images, positions, OC] from a walk over tiles (each_tile, each_depthwise_tile).
+template <typename Walk>
+void write_accumulators(const Walk &walk, const Geometry &g, int32_t *acc) {
     const int64_t oc = g.out_channels;
-    each_tile(wide, packed, g, images, h, w, threads,
-              [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
-                  for (int64_t j = 0; j < count; ++j)
-                      std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
-              });
+    walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+        for (int64_t j = 0; j < count; ++j)
+            std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
+    });
 }
 
-void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                     int64_t w, const Epilogue &e, void *out, int threads) {
+// The output stage of each tile of the walk, into out [images, positions, OC] of the epilogue's type.
+template <typename Walk>
+void write_staged(const Walk &walk, const Geometry &g, const Epilogue &e, void *out) {
     const int64_t oc = g.out_channels;
     auto staged = [&](auto *typed) {
-        each_tile(wide, packed, g, images, h, w, threads,
-                  [&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
-                      stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
-                  });
+        walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+            stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
+        });
     };
     switch (e.type) {
         case Epilogue::f32: staged(static_cast<float *>(out)); break;
         case Epilogue::u8: staged(static_cast<uint8_t *>(out)); break;
         case Epilogue::s8: staged(static_cast<int8_t *>(out)); break;
     }
+}
+
+}  // namespace
+
+void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, acc);
+}
+
+void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, e, out);
+}
+
+void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+               int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) { each_depthwise_tile(wide, packed, g, images, h, w, threads, sink); },
+                       g, acc);
+}
+
+void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                      int64_t w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_depthwise_tile(wide, packed, g, images, h, w, threads, sink); }, g, e,
+                 out);
 }
 
 }  // namespace lpt_s16
