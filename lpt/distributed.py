@@ -51,6 +51,8 @@ def connect(address: str | None = LOCAL):
         raise LptError("--ray needs Ray, an optional dependency: pip install 'lpt[ray]'") from None
     if not ray.is_initialized():
         local = address in (None, "", LOCAL)
+        if not local:
+            _check_reachable(address)
         try:
             ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
@@ -58,6 +60,20 @@ def connect(address: str | None = LOCAL):
             line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise LptError(f"--ray {address or LOCAL}: cannot start or reach Ray: {line}") from None
     return ray
+
+
+def _check_reachable(address: str, seconds: float = 5.0) -> None:
+    """A one-line error, within seconds, for a host:port (or ray://host:port) that does not answer: Ray
+    itself retries an unknown or silent address for minutes before giving up."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as err:
+        raise LptError(f"--ray {address}: cannot reach {host}:{port} ({err.strerror or err})") from None
 
 
 def worker_count(ray, workers: int | None) -> int:

@@ -87,6 +87,25 @@ def test_without_ray_the_option_names_the_extra(monkeypatch):
         connect()
 
 
+def test_an_address_nothing_answers_is_a_one_line_error_at_once():
+    """Ray alone retries an address that does not answer for minutes; lpt asks the port first."""
+    import socket
+    import time
+
+    from lpt.distributed import _check_reachable  # what connect() asks before ray.init()
+
+    with socket.socket() as unused:  # a port on this machine that nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(LptError, match=rf"^--ray ray://127.0.0.1:{port}: cannot reach 127.0.0.1:{port} \("):
+        _check_reachable(f"ray://127.0.0.1:{port}")
+    with pytest.raises(LptError, match=r"^--ray nowhere\.invalid:1: cannot reach nowhere\.invalid:1 \("):
+        _check_reachable("nowhere.invalid:1")
+    assert time.monotonic() - start < 10
+    _check_reachable("auto")  # left to Ray
+
+
 @pytest.mark.parametrize("estimator", ["minmax", "mean_minmax", "percentile"])
 def test_calibrate_on_ray_gives_one_process_ranges(ray, estimator):
     """Two workers, 160 samples in 5 batches: every activation range equals the single-process one."""
