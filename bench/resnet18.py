@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     for engine, why in result.unavailable.items():
         print(f"  {engine:<18} did not run: {why}")
     print("lpt's slowest steps:")
-    for step, ms in result.profile[:8]:
+    for step, ms in result.profile[:60]:
         print(f"  {ms:7.2f} ms  {step}")
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,10 @@
 """Latency of lpt's int8 backend against onnxruntime, measured in one run (`lpt bench`).
 
 Each engine runs the same batch repeatedly; the median of the repeats is reported, and the
-ratios are what to read (this machine is shared and noisy). Threads are pinned to the same
+ratios are what to read (this machine is shared and noisy). The engines take turns in short
+blocks over several rounds, so a slow minute on a shared machine lands on all of them rather
+than on whichever ran then; within a block an engine runs back to back, as it would in use,
+so no engine pays for another's thread pool still spinning. Threads are pinned to the same
 count for all: onnxruntime's intra-op pool, lpt's integer GEMM (MLAS, in its own onnxruntime
 sessions), the BLAS pool of lpt's f32 routes, and OpenVINO's CPU plugin.
 
@@ -16,6 +19,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,15 +51,19 @@ class BenchResult:
                 "unavailable": self.unavailable}
 
 
-def _median_ms(function, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+def _median_ms(engines: dict[str, Callable[[], object]], repeats: int, rounds: int = 5) -> dict[str, float]:
+    """Median milliseconds per call of each engine, the engines taking turns in `rounds` blocks."""
+    rounds = max(1, min(rounds, repeats))
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for round_ in range(rounds):
+        block = repeats // rounds + (round_ < repeats % rounds)
+        for name, function in engines.items():
+            function()  # warm: caches, and the thread pool awake
+            for _ in range(block):
+                start = time.perf_counter()
+                function()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _session(model, threads: int, optimize: bool):
@@ -81,15 +89,16 @@ def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: i
     result = BenchResult(threads, repeats)
     with threadpool_limits(limits=threads):
         plan = compile_model(int8, threads=threads)
-        result.median_ms["lpt int8"] = _median_ms(lambda: plan.run(feeds), repeats)
+        engines = {"lpt int8": lambda: plan.run(feeds)}
         qdq = _session(fq_model, threads, optimize=True)
-        result.median_ms["onnxruntime QDQ"] = _median_ms(lambda: qdq.run(None, feeds), repeats)
+        engines["onnxruntime QDQ"] = lambda: qdq.run(None, feeds)
         openvino = _openvino_request(fq_model, threads, result.unavailable)
         if openvino is not None:
-            result.median_ms["openvino int8"] = _median_ms(lambda: openvino.infer(feeds), repeats)
+            engines["openvino int8"] = lambda: openvino.infer(feeds)
         if fp32_model is not None:
             fp32 = _session(fp32_model, threads, optimize=True)
-            result.median_ms["onnxruntime fp32"] = _median_ms(lambda: fp32.run(None, feeds), repeats)
+            engines["onnxruntime fp32"] = lambda: fp32.run(None, feeds)
+        result.median_ms = _median_ms(engines, repeats)
         if profile:
             result.profile = _profile(plan, feeds, max(3, repeats // 4))
     return result
@@ -117,17 +126,21 @@ def _openvino_request(fq_model: ir.Model, threads: int, unavailable: dict[str, s
 
 
 def _profile(plan, feeds, repeats: int) -> list[tuple[str, float]]:
-    """Median time per step as the plan runs them (a native program as one): where lpt's time goes."""
+    """Median time per step as the plan runs them, and per instruction inside a native program (named
+    "in program: ..."): where lpt's time goes, slowest first."""
     env = {**plan.constants, **feeds}
     steps = plan.run_steps
-    timings: dict[int, list[float]] = {i: [] for i in range(len(steps))}
+    timings: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for i, step in enumerate(steps):
+        for step in steps:
             start = time.perf_counter()
             outputs = step.run(*[env[n] for n in step.inputs])
-            timings[i].append((time.perf_counter() - start) * 1e3)
+            timings.setdefault(_step_name(step), []).append((time.perf_counter() - start) * 1e3)
             env.update(zip(step.outputs, outputs))
-    rows = [(_step_name(steps[i]), statistics.median(t)) for i, t in timings.items()]
+            if isinstance(step.run, native_program.ProgramRun):
+                for part, seconds in step.run.instruction_seconds():
+                    timings.setdefault(f"in program: {_step_name(part)}", []).append(seconds * 1e3)
+    rows = [(name, statistics.median(t)) for name, t in timings.items()]
     return sorted(rows, key=lambda r: -r[1])
 
 

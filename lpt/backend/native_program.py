@@ -63,26 +63,33 @@ def fuse(steps: list[Step], plan_outputs: list[str], threads: int) -> list[Step]
     return fused
 
 
-def _program_step(program, parts: list[Step]) -> Step:
-    from lpt.native import Unsupported
+class ProgramRun:
+    """A fused step's run: the program, or its steps one by one once the program gave way."""
 
-    state = {"native": True}
+    def __init__(self, program, parts: list[Step]):
+        self.program, self.parts, self.native = program, parts, True
 
-    def one_by_one(*arrays):
-        env = dict(zip(program.inputs, arrays))
-        for part in parts:
-            env.update(zip(part.outputs, part.run(*[env[name] for name in part.inputs])))
-        return [env[name] for name in program.outputs]
+    def __call__(self, *arrays):
+        from lpt.native import Unsupported
 
-    def run(*arrays):
-        if state["native"]:
+        if self.native:
             try:
-                return program(*arrays)
+                return self.program(*arrays)
             except Unsupported as why:
-                logger.info("the native program of %s..%s gives way to its steps: %s", parts[0].nodes[0],
-                            parts[-1].nodes[-1], why)
-                state["native"] = False
-        return one_by_one(*arrays)
+                logger.info("the native program of %s..%s gives way to its steps: %s", self.parts[0].nodes[0],
+                            self.parts[-1].nodes[-1], why)
+                self.native = False
+        env = dict(zip(self.program.inputs, arrays))
+        for part in self.parts:
+            env.update(zip(part.outputs, part.run(*[env[name] for name in part.inputs])))
+        return [env[name] for name in self.program.outputs]
 
-    return Step(run, tuple(program.inputs), tuple(program.outputs), tuple(n for p in parts for n in p.nodes),
-                tuple(t for p in parts for t in p.op_types), "int8 kernel", None, ENGINE)
+    def instruction_seconds(self) -> list[tuple[Step, float]]:
+        """Each step's instruction and its time in the last native run (empty once the steps run instead)."""
+        return list(zip(self.parts, self.program.seconds())) if self.native else []
+
+
+def _program_step(program, parts: list[Step]) -> Step:
+    return Step(ProgramRun(program, parts), tuple(program.inputs), tuple(program.outputs),
+                tuple(n for p in parts for n in p.nodes), tuple(t for p in parts for t in p.op_types), "int8 kernel",
+                None, ENGINE)

@@ -24,7 +24,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -205,6 +207,7 @@ struct Operation {
     // channels-first values (run_s16 keeps the widened source, per thread)
     lpt_s16::Geometry geometry{};
     bool depthwise = false;  // one input and one output channel per group (s16's depthwise kernel)
+    bool winograd = false;   // a 3×3 convolution of stride 1 that s16 runs by Winograd's F(2×2, 3×3)
     lpt_s16::PackedWeights packed;
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
@@ -500,8 +503,12 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                             axis(op->strides, y, 1), op->strides.back(), axis(op->dilations, y, 0) + 1,
                             op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
                             axis(op->pads_end, y, 0), op->pads_end.back()};
-            op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
-                                       : lpt_s16::pack_weights(op->weights.data(), op->geometry);
+            const char *winograd = std::getenv("LPT_WINOGRAD");  // "0": the direct kernel, as tests compare both
+            op->winograd = !op->depthwise && lpt_s16::winograd_fits(op->geometry) && !(winograd && std::string(winograd) == "0");
+            op->geometry.whole_runs = !op->depthwise && !op->winograd && (op->in_channels & 1) && op->geometry.dilation_w == 1;
+            op->packed = op->depthwise  ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
+                         : op->winograd ? lpt_s16::pack_winograd_weights(op->weights.data(), op->geometry)
+                                        : lpt_s16::pack_weights(op->weights.data(), op->geometry);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -585,22 +592,25 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     // One widened source per calling thread, shared by every layer it runs: a network's layers then
     // reuse the same cache-warm memory instead of each keeping its own.
     thread_local std::vector<int16_t> wide;
-    wide.resize(lpt_s16::widened_size(g, images, h, w) + lpt_s16::DEPTHWISE_SLACK);
-    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, g, images, h, w,
+    const lpt_s16::Geometry widening = op.winograd ? lpt_s16::winograd_widening(g, h, w) : g;
+    wide.resize(lpt_s16::widened_size(widening, images, h, w) + lpt_s16::READ_SLACK);
+    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, widening, images, h, w,
                    wide.data(), op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
-        (op.depthwise ? lpt_s16::depthwise_staged : lpt_s16::convolve_staged)(wide.data(), op.packed.data(), g, images,
-                                                                              h, w, op.epilogue, out, op.threads);
+        const auto staged = op.depthwise ? lpt_s16::depthwise_staged
+                            : op.winograd ? lpt_s16::winograd_staged
+                                          : lpt_s16::convolve_staged;
+        staged(wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
     } else {
         op.acc.resize(items);
-        (op.depthwise ? lpt_s16::depthwise : lpt_s16::convolve)(wide.data(), op.packed.data(), g, images, h, w,
-                                                                op.acc.data(), op.threads);
+        const auto accumulate = op.depthwise ? lpt_s16::depthwise : op.winograd ? lpt_s16::winograd : lpt_s16::convolve;
+        accumulate(wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
         finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
         if (items * sizeof(int32_t) > KEEP_SCRATCH_BYTES) std::vector<int32_t>().swap(op.acc);
     }
-    op.last_impl = "lpt:s16_avx2";
+    op.last_impl = op.winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
     if (wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) std::vector<int16_t>().swap(wide);
 }
 
@@ -894,6 +904,7 @@ struct Program {
     std::vector<int> inputs, outputs;
     std::vector<Slot> slots;
     std::vector<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
+    std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
     int threads = 1;
     std::mutex lock;
     ~Program() {
@@ -1185,7 +1196,14 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     bool unsupported = false;
     Py_BEGIN_ALLOW_THREADS;
     try {
-        for (const auto &ins : program->code) step(*program, ins);
+        program->seconds.assign(program->code.size(), 0.0);
+        auto start = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < program->code.size(); ++i) {
+            step(*program, program->code[i]);
+            const auto end = std::chrono::steady_clock::now();
+            program->seconds[i] = std::chrono::duration<double>(end - start).count();
+            start = end;
+        }
     } catch (const Unsupported &e) {
         error = e.what();
         unsupported = true;
@@ -1227,6 +1245,18 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     return results;
 }
 
+PyObject *py_program_seconds(PyObject *, PyObject *args) {
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
+    auto *program = static_cast<Program *>(PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE));
+    if (!program) return nullptr;
+    std::lock_guard<std::mutex> guard(program->lock);
+    PyObject *list = PyList_New((Py_ssize_t)program->seconds.size());
+    for (size_t i = 0; list && i < program->seconds.size(); ++i)
+        PyList_SET_ITEM(list, (Py_ssize_t)i, PyFloat_FromDouble(program->seconds[i]));
+    return list;
+}
+
 PyObject *py_implementation(PyObject *, PyObject *args) {
     PyObject *capsule;
     if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
@@ -1252,6 +1282,7 @@ PyMethodDef methods[] = {
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
+        {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},
         {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",

@@ -47,3 +47,7 @@ class Program:
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
         return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
+
+    def seconds(self) -> list[float]:
+        """Each instruction's time in the last run, in order (empty before the first)."""
+        return engine.program_seconds(self._program)

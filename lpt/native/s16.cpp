@@ -32,6 +32,8 @@ namespace {
 constexpr int64_t LANES = 16;  // output channels per block: two ymm of int32
 constexpr int TILE = 6;        // output positions per tile: 12 accumulators + 2 weights + 1 source of 16 ymm
 constexpr int64_t PARALLEL_WORK = 1 << 15;
+constexpr int64_t FEW_GROUPS_BYTES = 128 << 10;       // Winograd: transformed source kept in L2 at a time
+constexpr size_t KEEP_TRANSFORMED_BYTES = 32u << 20;  // a large batch's transformed source is not kept
 
 struct Walk {  // how a tile walks the window of its positions, the same for every position
     int64_t rows, row_stride;   // kernel rows, and the int16 between them in the widened source
@@ -133,20 +135,21 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
 bool supported() { return __builtin_cpu_supports("avx2"); }
 
 PackedWeights pack_weights(const int8_t *weights, const Geometry &g) {
-    const int64_t c2 = g.padded_channels(), blocks = (g.out_channels + LANES - 1) / LANES;
-    PackedWeights packed(blocks * g.kernel_h * g.kernel_w * c2 * LANES, 0);
+    // value v of a kernel row's run is channel v % c2 of kernel column v / c2
+    const int64_t c2 = g.padded_channels(), row = g.row_values(), blocks = (g.out_channels + LANES - 1) / LANES;
+    PackedWeights packed(blocks * g.kernel_h * row * LANES, 0);
     int16_t *p = packed.data();
     for (int64_t b = 0; b < blocks; ++b)
         for (int64_t ky = 0; ky < g.kernel_h; ++ky)
-            for (int64_t kx = 0; kx < g.kernel_w; ++kx)
-                for (int64_t c = 0; c < c2; c += 2, p += 2 * LANES)
-                    for (int64_t lane = 0; lane < LANES; ++lane) {
-                        const int64_t oc = b * LANES + lane;
-                        if (oc >= g.out_channels) continue;
-                        for (int64_t k = 0; k < 2; ++k)
-                            if (c + k < g.in_channels)
-                                p[2 * lane + k] = weights[((oc * g.in_channels + c + k) * g.kernel_h + ky) * g.kernel_w + kx];
+            for (int64_t v = 0; v < row; v += 2, p += 2 * LANES)
+                for (int64_t lane = 0; lane < LANES; ++lane) {
+                    const int64_t oc = b * LANES + lane;
+                    for (int64_t k = 0; k < 2 && oc < g.out_channels; ++k) {
+                        const int64_t kx = (v + k) / c2, c = (v + k) % c2;
+                        if (kx < g.kernel_w && c < g.in_channels)
+                            p[2 * lane + k] = weights[((oc * g.in_channels + c) * g.kernel_h + ky) * g.kernel_w + kx];
                     }
+                }
     return packed;
 }
 
@@ -198,8 +201,8 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
     const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
-    const int64_t block_size = g.kernel_h * g.kernel_w * c2 * LANES;
-    Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.kernel_w * c2 / 2};
+    const int64_t block_size = g.kernel_h * g.row_values() * LANES;
+    Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
     if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
 #pragma omp parallel for collapse(3) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
@@ -261,6 +264,181 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
                 }
                 sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
             }
+}
+
+}  // namespace
+
+bool winograd_fits(const Geometry &g) {
+    // below 16 channels the transforms, 16 channels at a time, cost more than the products they save
+    return g.in_channels >= 16 && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
+           g.dilation_w == 1 && g.in_channels <= WINOGRAD_MAX_CHANNELS;
+}
+
+Geometry winograd_widening(const Geometry &g, int64_t h, int64_t w) {
+    Geometry wider = g;
+    wider.pad_bottom += g.out_h(h) & 1;
+    wider.pad_right += g.out_w(w) & 1;
+    return wider;
+}
+
+PackedWeights pack_winograd_weights(const int8_t *weights, const Geometry &g) {
+    // component 4i + j of (2G)·g·(2G)^T, each packed as the weights of a 1×1 convolution (pack_weights)
+    const int64_t c2 = g.padded_channels(), blocks = (g.out_channels + LANES - 1) / LANES;
+    const int64_t component_size = blocks * c2 * LANES;
+    PackedWeights packed(16 * component_size, 0);
+    for (int64_t oc = 0; oc < g.out_channels; ++oc)
+        for (int64_t ic = 0; ic < g.in_channels; ++ic) {
+            const int8_t *k = weights + (oc * g.in_channels + ic) * 9;
+            int t[4][3], u[4][4];
+            for (int col = 0; col < 3; ++col) {
+                t[0][col] = 2 * k[col];
+                t[1][col] = k[col] + k[3 + col] + k[6 + col];
+                t[2][col] = k[col] - k[3 + col] + k[6 + col];
+                t[3][col] = 2 * k[6 + col];
+            }
+            for (int i = 0; i < 4; ++i) {
+                u[i][0] = 2 * t[i][0];
+                u[i][1] = t[i][0] + t[i][1] + t[i][2];
+                u[i][2] = t[i][0] - t[i][1] + t[i][2];
+                u[i][3] = 2 * t[i][2];
+            }
+            const int64_t at = (oc / LANES) * c2 * LANES + (ic & ~int64_t(1)) * LANES + 2 * (oc % LANES) + (ic & 1);
+            for (int component = 0; component < 16; ++component)
+                packed[component * component_size + at] = (int16_t)u[component / 4][component % 4];
+        }
+    return packed;
+}
+
+namespace {
+
+// B^T·d·B of the 4×4 window d of 2×2 block `tile` (row-major over images, rows of blocks, blocks) of
+// the widened source, per channel, into out[component·component_stride + c]: 16 channels at a time
+// (stride = c2 rounded up to 16; the lanes past c2 are computed from whatever follows, the next pixel
+// or widen()'s slack, and never read).
+__attribute__((target("avx2"))) void transform_tile(const int16_t *wide, int64_t c2, int64_t stride, int64_t hp,
+                                                    int64_t wp, int64_t tiles_h, int64_t tiles_w, int64_t tile,
+                                                    int16_t *out, int64_t component_stride) {
+    const int64_t n = tile / (tiles_h * tiles_w), ty = tile / tiles_w % tiles_h, tx = tile % tiles_w;
+    const int16_t *origin = wide + ((n * hp + 2 * ty) * wp + 2 * tx) * c2;
+    for (int64_t c = 0; c < stride; c += LANES) {
+        __m256i d[4][4], r[4][4];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j)
+                d[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(origin + (i * wp + j) * c2 + c));
+        for (int j = 0; j < 4; ++j) {
+            r[0][j] = _mm256_sub_epi16(d[0][j], d[2][j]);
+            r[1][j] = _mm256_add_epi16(d[1][j], d[2][j]);
+            r[2][j] = _mm256_sub_epi16(d[2][j], d[1][j]);
+            r[3][j] = _mm256_sub_epi16(d[1][j], d[3][j]);
+        }
+        for (int i = 0; i < 4; ++i) {
+            const __m256i row[4] = {_mm256_sub_epi16(r[i][0], r[i][2]), _mm256_add_epi16(r[i][1], r[i][2]),
+                                    _mm256_sub_epi16(r[i][2], r[i][1]), _mm256_sub_epi16(r[i][1], r[i][3])};
+            for (int j = 0; j < 4; ++j)
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + (4 * i + j) * component_stride + c), row[j]);
+        }
+    }
+}
+
+// A^T·m·A of each tile's 16 components m [16][count][LANES], divided by 4: y [2 rows][2·count
+// positions][LANES]. The sums wrap modulo 2^32 (vpaddd), the result, 4× an int32 accumulator, does not.
+__attribute__((target("avx2"))) void transform_output(const int32_t (*m)[TILE * LANES], int64_t count,
+                                                      int32_t (*y)[2 * TILE * LANES]) {
+    for (int64_t j = 0; j < count; ++j)
+        for (int64_t half = 0; half < LANES; half += 8) {
+            const int64_t at = j * LANES + half;
+            __m256i r[2][4];
+            for (int col = 0; col < 4; ++col) {
+                const __m256i m0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(m[col] + at)),
+                              m1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(m[4 + col] + at)),
+                              m2 = _mm256_load_si256(reinterpret_cast<const __m256i *>(m[8 + col] + at)),
+                              m3 = _mm256_load_si256(reinterpret_cast<const __m256i *>(m[12 + col] + at));
+                r[0][col] = _mm256_add_epi32(_mm256_add_epi32(m0, m1), m2);
+                r[1][col] = _mm256_sub_epi32(_mm256_sub_epi32(m1, m2), m3);
+            }
+            for (int row = 0; row < 2; ++row) {
+                const __m256i left = _mm256_add_epi32(_mm256_add_epi32(r[row][0], r[row][1]), r[row][2]);
+                const __m256i right = _mm256_sub_epi32(_mm256_sub_epi32(r[row][1], r[row][2]), r[row][3]);
+                _mm256_store_si256(reinterpret_cast<__m256i *>(y[row] + 2 * j * LANES + half), _mm256_srai_epi32(left, 2));
+                _mm256_store_si256(reinterpret_cast<__m256i *>(y[row] + (2 * j + 1) * LANES + half),
+                                   _mm256_srai_epi32(right, 2));
+            }
+        }
+}
+
+// Every run of outputs of one row and 16 channels (the 2×2 blocks of a group of up to TILE blocks
+// that lie side by side), handed to sink as each_tile hands a convolution's tiles. The 16 products of
+// a block are 16 1×1 convolutions of the transformed source, each by the tile kernel; a group takes
+// TILE consecutive blocks in row-major order, across rows, so a narrow map fills the kernel's tile.
+template <typename Sink>
+void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                        int64_t w, int threads, const Sink &sink) {
+    const Geometry wg = winograd_widening(g, h, w);
+    const int64_t c2 = g.padded_channels(), hp = h + wg.pad_top + wg.pad_bottom, wp = w + wg.pad_left + wg.pad_right;
+    const int64_t out_h = g.out_h(h), out_w = g.out_w(w), tiles_h = (out_h + 1) / 2, tiles_w = (out_w + 1) / 2;
+    const int64_t tiles = images * tiles_h * tiles_w, stride = (c2 + LANES - 1) / LANES * LANES;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, component_size = blocks * c2 * LANES;
+    const int64_t groups = (tiles + TILE - 1) / TILE;
+    const Walk walk{1, 0, 1, 0, c2 / 2};
+    const int64_t work = 16 * tiles * g.out_channels * c2;
+    // One group of blocks against one block of 16 channels, from the group's transformed source v
+    // [16][TILE][stride] (or [16][tiles][stride] from `first` on, its component_stride says which).
+    auto multiply = [&](const int16_t *v, int64_t component_stride, int64_t group, int64_t b) {
+        const int64_t first = group * TILE, count = std::min<int64_t>(TILE, tiles - first);
+        alignas(32) int32_t m[16][TILE * LANES];
+        for (int64_t component = 0; component < 16; ++component) {
+            const int16_t *starts[TILE];
+            for (int64_t j = 0; j < count; ++j) starts[j] = v + component * component_stride + j * stride;
+            TILES[count](starts, packed + component * component_size + b * c2 * LANES, walk, m[component]);
+        }
+        alignas(32) int32_t y[2][2 * TILE * LANES];
+        transform_output(m, count, y);
+        for (int64_t j = 0, run; j < count; j += run) {  // the blocks of one row of blocks, side by side
+            const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
+            run = std::min(count - j, tiles_w - tx);
+            const int64_t n = row_of_tiles / tiles_h, ty = row_of_tiles % tiles_h;
+            const int64_t x0 = 2 * tx, valid_x = std::min(2 * run, out_w - x0);
+            for (int64_t row = 0; row < 2 && 2 * ty + row < out_h; ++row)
+                sink(y[row] + 2 * j * LANES, (n * out_h + 2 * ty + row) * out_w + x0, valid_x, b * LANES,
+                     std::min(LANES, g.out_channels - b * LANES));
+        }
+    };
+    if (blocks * LANES < tiles) {
+        // Many positions, few channels: the source is transformed where it is used, a few groups at a
+        // time into a buffer that stays in cache while every block of channels reads it (the whole
+        // transformed source of a 56×56 map is 16× the map's, past L2); a block's weights then serve
+        // each group of the few.
+        const int64_t group_bytes = 16 * TILE * stride * sizeof(int16_t);
+        const int64_t few = std::max<int64_t>(1, std::min<int64_t>(FEW_GROUPS_BYTES / group_bytes, groups / (4 * threads)));
+        const int64_t runs = (groups + few - 1) / few;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && work >= 16 * PARALLEL_WORK)
+        for (int64_t r = 0; r < runs; ++r) {
+            thread_local PackedWeights source;  // each thread's own (a PackedWeights for its 64-byte lines)
+            source.resize(few * 16 * TILE * stride);
+            const int64_t first_group = r * few, last_group = std::min(groups, first_group + few);
+            for (int64_t tile = first_group * TILE; tile < std::min(tiles, last_group * TILE); ++tile) {
+                const int64_t group = tile / TILE - first_group, j = tile % TILE;
+                transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile,
+                               source.data() + (group * 16 * TILE + j) * stride, TILE * stride);
+            }
+            for (int64_t b = 0; b < blocks; ++b)
+                for (int64_t group = first_group; group < last_group; ++group)
+                    multiply(source.data() + (group - first_group) * 16 * TILE * stride, TILE * stride, group, b);
+        }
+        return;
+    }
+    // Many channels, few positions: the transformed source is small; each thread takes blocks of
+    // channels and reads each block's weights once, across every group.
+    thread_local std::vector<int16_t> transformed;  // the calling thread's, reused by every layer it runs
+    transformed.resize(16 * tiles * stride);
+    int16_t *v = transformed.data();  // read by the loop's threads, each of which has its own thread_local
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && 16 * tiles * stride >= PARALLEL_WORK)
+    for (int64_t tile = 0; tile < tiles; ++tile)
+        transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile, v + tile * stride, tiles * stride);
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
+    for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t group = 0; group < groups; ++group) multiply(v + group * TILE * stride, tiles * stride, group, b);
+    if (transformed.size() * sizeof(int16_t) > KEEP_TRANSFORMED_BYTES) std::vector<int16_t>().swap(transformed);
 }
 
 }  // namespace
@@ -335,6 +513,18 @@ void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, in
                int32_t *acc, int threads) {
     write_accumulators([&](const auto &sink) { each_depthwise_tile(wide, packed, g, images, h, w, threads, sink); },
                        g, acc);
+}
+
+void winograd(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) { each_winograd_tile(wide, packed, g, images, h, w, threads, sink); },
+                       g, acc);
+}
+
+void winograd_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_winograd_tile(wide, packed, g, images, h, w, threads, sink); }, g, e,
+                 out);
 }
 
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,

@@ -14,7 +14,13 @@ struct Geometry {
     int64_t in_channels, out_channels, kernel_h, kernel_w;
     int64_t stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;  // dilation as ONNX: 1 = none
     int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
-    int64_t padded_channels() const { return in_channels + (in_channels & 1); }
+    // An odd channel count with dilation_w 1 (a stem's 3 colours, a spectrogram's 1 channel): no channel
+    // of zeros per pixel; the kernel pairs each kernel row's run of kernel_w·in_channels values whole,
+    // and the last pair's second value (the next pixel's) meets a zero weight. 7×7 on 3 channels: 11
+    // pairs a row instead of 14.
+    bool whole_runs = false;
+    int64_t padded_channels() const { return whole_runs ? in_channels : in_channels + (in_channels & 1); }
+    int64_t row_values() const { return (kernel_w * padded_channels() + 1) & ~int64_t(1); }  // weights per kernel row
     int64_t out_h(int64_t h) const { return (h + pad_top + pad_bottom - (kernel_h - 1) * dilation_h - 1) / stride_h + 1; }
     int64_t out_w(int64_t w) const { return (w + pad_left + pad_right - (kernel_w - 1) * dilation_w - 1) / stride_w + 1; }
 };
@@ -54,8 +60,9 @@ void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int
 // (q − zp)·w is at most 255·128 = 32 640 in magnitude, so vpmullw computes it exactly in int16; the
 // sum over the window is then taken in int32.
 PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g);
-// What widen() must leave readable past the widened source: a block of 16 channels read whole.
-constexpr int64_t DEPTHWISE_SLACK = 16;
+// What widen() must leave readable past the widened source: a block of 16 channels read whole (here
+// and by winograd()), or the value after a whole run.
+constexpr int64_t READ_SLACK = 16;
 void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int32_t *acc, int threads);
 
@@ -83,5 +90,23 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
 // The same output stage on one row of `channels` accumulators from elsewhere (oneDNN's: hi, or
 // hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
 void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
+
+// 3×3 convolutions of stride 1 and at least 16 channels by Winograd's F(2×2, 3×3) in integers, exactly: each 2×2 block of
+// outputs costs 16 products per channel pair instead of 36. Scaled by 2, the transforms have only
+// integer coefficients: the source's transform B^T·d·B adds at most 4 values of [−255, 255] (|v| ≤
+// 1020) and the weights' (2G)·g·(2G)^T at most 9 of [−128, 127] (|u| ≤ 1152), both int16, and each
+// pair of products (≤ 2·1020·1152) fits int32. Sums wrap modulo 2^32, and the result, 4× the exact
+// accumulator, is exact where 4·|acc| < 2^31, as it is for in_channels ≤ WINOGRAD_MAX_CHANNELS
+// (4·C·9·255·128 < 2^31); the division by 4 is then exact too.
+constexpr int64_t WINOGRAD_MAX_CHANNELS = 1824;
+bool winograd_fits(const Geometry &g);
+PackedWeights pack_winograd_weights(const int8_t *weights, const Geometry &g);
+// The geometry widen() must use for winograd(): one more row and column of zeros where the output's
+// height or width is odd, so every 2×2 block reads a whole 4×4 window.
+Geometry winograd_widening(const Geometry &g, int64_t h, int64_t w);
+void winograd(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads);
+void winograd_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads);
 
 }  // namespace lpt_s16
