@@ -213,3 +213,31 @@ def test_an_exported_conv_transpose_keeps_the_accumulator_type_for_what_reads_it
     exported, _ = to_standard_int8(m)
     x = RNG.uniform(-2, 3, (1, 3, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(run_ort(exported, {"x": x})[0], compile_model(m).run({"x": x})["y"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("floor_first", [False, True])
+def test_leaky_relu_and_a_max_with_a_constant_join_the_output_stage(floor_first):
+    """TensorFlow exports write LeakyRelu then Max(x, c) after each convolution (openWakeWord's
+    embedding model): both are output-stage post-ops, so the layer stays on integers end to end."""
+    import lpt.native
+    from lpt.backend.native_program import ENGINE
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(100)), g.weight((6, 3, 3, 3))], pads=[1, 1, 1, 1])
+    leaky = lambda v: g.op("LeakyRelu", [v], alpha=0.2)  # noqa: E731
+    floor = lambda v: g.op("Max", [g.const(np.float32(-0.3)), v])  # noqa: E731 - the constant first: Max commutes
+    tail = leaky(floor(conv)) if floor_first else floor(leaky(conv))
+    g.op("Relu", [g.fq(tail, 0.01, np.uint8(40))], name="y")
+    _, m = g.build({"x": [2, 3, 8, 8]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    chain = ("ConvInteger", "Cast", "Mul", "LeakyRelu", "Max", "QuantizeLinear") if not floor_first else \
+        ("ConvInteger", "Cast", "Mul", "Max", "LeakyRelu", "QuantizeLinear")
+    assert chain in [s.op_types for s in plan.steps]
+    assert not plan.fallback_ops()
+    x = RNG.uniform(-2, 3, (2, 3, 8, 8)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, lpt.run_reference(m, {"x": x})["y"])
+    if lpt.native.available():
+        assert any(s.engine == ENGINE for s in plan.run_steps)

@@ -1,7 +1,9 @@
 """Reading an int8 graph's fused chains into data (lpt.backend.step), once, for everyone who needs them.
 
     ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)]
-        [→ Relu|Clip|Sigmoid|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]      an Int8Layer
+        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
+                                                                                       an Int8Layer
+    (Max and Min with one scalar constant, which are clips.)
     QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
 
 A chain is followed only through values with a single reader that is not a graph output: what
@@ -20,7 +22,7 @@ from lpt.graph.fake_quantize_op import read_fake_quantize
 from lpt.numerics.levels import level_range
 
 INTEGER_TYPES = (ir.DataType.UINT8, ir.DataType.INT8)
-POST_OPS = ("Relu", "Clip", "Sigmoid")
+POST_OPS = ("Relu", "Clip", "LeakyRelu", "Max", "Min", "Sigmoid")
 _ACCUMULATING = {"ConvInteger": "conv", "MatMulInteger": "matmul", "ConvTransposeInteger": "conv_transpose"}
 
 
@@ -108,7 +110,7 @@ def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
         last = add
     post_ops = []
     while (next_op := only_consumer(last.outputs[0], POST_OPS) or only_consumer(last.outputs[0], ("FakeQuantize",), "lpt")
-           ) is not None and (post_op := read_post_op(next_op)) is not None:
+           ) is not None and (post_op := read_post_op(next_op, last.outputs[0])) is not None:
         post_ops.append(post_op)
         nodes.append(next_op)
         last = next_op
@@ -126,8 +128,8 @@ def _channel_vector(array: np.ndarray, axis: int) -> np.ndarray:
     return array.reshape(-1) if axis == -1 or array.ndim == 1 else array.reshape(array.shape[1])
 
 
-def read_post_op(node: ir.Node) -> kernels.PostOp | None:
-    """The output-stage post-op a node stands for, or None."""
+def read_post_op(node: ir.Node, value: ir.Value | None = None) -> kernels.PostOp | None:
+    """The output-stage post-op a node reading `value` stands for, or None."""
     if node.domain == "lpt":  # an FQ that could not be split: OpenVINO's FQ post-op chain
         fq = read_fake_quantize(node)
         if fq is None or fq.scale is not None:
@@ -135,12 +137,24 @@ def read_post_op(node: ir.Node) -> kernels.PostOp | None:
         return kernels.FakeQuantize(fq.input_low, fq.input_high, fq.output_low, fq.output_high, fq.levels)
     if node.op_type == "Relu":
         return kernels.Relu()
+    if node.op_type == "LeakyRelu":
+        return kernels.LeakyRelu(node.attributes["alpha"].as_float() if "alpha" in node.attributes else 0.01)
     if node.op_type == "Sigmoid":
         return kernels.Sigmoid()
     if node.op_type == "Clip":
         low, high = _optional_bound(node, 1, -np.inf), _optional_bound(node, 2, np.inf)
         if low is not None and high is not None:
             return kernels.Clip(float(low), float(high))
+    if node.op_type in ("Max", "Min") and len(node.inputs) == 2 and value is not None:
+        # max(x, c) is a clip below at c, min(x, c) one above, where c is one constant that does not
+        # widen x's shape (TensorFlow exports write a ReLU6 or a floor this way)
+        other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+        bound = const_array(other)
+        rank = len(value.shape) if value.shape is not None else None
+        if bound is None or bound.size != 1 or (bound.ndim > 1 and (rank is None or bound.ndim > rank)):
+            return None
+        c = float(np.float32(bound.reshape(())))
+        return kernels.Clip(c, np.inf) if node.op_type == "Max" else kernels.Clip(-np.inf, c)
     return None
 
 

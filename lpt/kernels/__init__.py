@@ -10,7 +10,7 @@ from lpt.kernels.conv_transpose import conv_transpose_accumulate, conv_transpose
 from lpt.kernels.elementwise import add_q, clip_q, concat_q, dequantize_shifted, join_q, mul_q, relu_q
 from lpt.kernels.gemm import exact_chunk, integer_matmul
 from lpt.kernels.matmul import PackedMatMul, matmul_accumulate, matmul_accumulate_packed, pack_matmul_weights
-from lpt.kernels.output_stage import (Clip, FakeQuantize, PostOp, Relu, Sigmoid, Sum, dequantization_multiplier,
+from lpt.kernels.output_stage import (Clip, FakeQuantize, LeakyRelu, PostOp, Relu, Sigmoid, Sum, dequantization_multiplier,
                                       output_stage, qlinear_multiplier, qlinear_output)
 from lpt.kernels.pooling import average_pool_q, global_average_pool, global_average_pool_q, max_pool_q
 from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantize_fq, quantize_multiplier,
@@ -18,7 +18,7 @@ from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantiz
 from lpt.kernels.window import Window
 
 __all__ = [
-    "Clip", "FakeQuantize", "PackedConv", "PackedMatMul", "PostOp", "Relu", "Sigmoid", "Sum", "Window",
+    "Clip", "FakeQuantize", "LeakyRelu", "PackedConv", "PackedMatMul", "PostOp", "Relu", "Sigmoid", "Sum", "Window",
     "add_q", "average_pool_q", "clip_q", "concat_q", "conv_accumulate", "conv_transpose_accumulate",
     "conv_transpose_output_shape", "dequantization_multiplier", "dequantize", "dequantize_shifted", "join_q",
     "exact_chunk", "fq_input_affine", "global_average_pool", "global_average_pool_q", "integer_matmul", "matmul_accumulate",

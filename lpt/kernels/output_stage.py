@@ -48,6 +48,16 @@ class Clip:
 
 
 @dataclass(frozen=True)
+class LeakyRelu:
+    """x = x < 0 ? x·alpha : x in f32, as onnxruntime's LeakyRelu (one multiply, where x is negative)."""
+
+    alpha: float
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return np.multiply(x, np.float32(self.alpha), out=x, where=x < 0)
+
+
+@dataclass(frozen=True)
 class Sigmoid:
     """x = 1 / (1 + exp(−x)) in f32."""
 
@@ -86,7 +96,7 @@ class FakeQuantize:
         return fake_quantize(x, self.input_low, self.input_high, self.output_low, self.output_high, self.levels)
 
 
-PostOp = Relu | Clip | Sigmoid | Sum | FakeQuantize
+PostOp = Relu | Clip | LeakyRelu | Sigmoid | Sum | FakeQuantize
 
 
 def dequantization_multiplier(src_scale, weight_scale) -> np.ndarray:

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from lpt.kernels.output_stage import Clip, FakeQuantize, Relu, Sigmoid, Sum
+from lpt.kernels.output_stage import Clip, FakeQuantize, LeakyRelu, Relu, Sigmoid, Sum
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
 
 
@@ -71,6 +71,8 @@ def output_stage_reference(acc, multiplier, bias=None, post_ops=(), dst_scale=No
         elif isinstance(op, Clip):
             low, high = np.float32(op.low), np.float32(op.high)
             x = np.where(x < low, low, np.where(x > high, high, x))
+        elif isinstance(op, LeakyRelu):
+            x = np.where(x < 0, x * np.float32(op.alpha), x)
         elif isinstance(op, Sigmoid):
             with np.errstate(over="ignore"):
                 x = np.float32(1) / (np.float32(1) + np.exp(-x))

@@ -61,9 +61,10 @@ stream &thread_stream() {
 
 // ---------------------------------------------------------------- output stage
 //
-// x = f32(acc)·m[c]; x = x + bias[c]; each clip as max then min; then, for an 8-bit destination,
-// y = x / s_dst, clamped to [qmin − zp, qmax − zp], rounded half to even, + zp. Exactly
-// lpt/kernels/_elementwise.c's output_stage (and hence lpt.kernels.output_stage).
+// x = f32(acc)·m[c]; x = x + bias[c]; each post-op: a LeakyRelu's x < 0 ? x·slope : x (where the
+// slope is not 1), then its clip as max then min; then, for an 8-bit destination, y = x / s_dst,
+// clamped to [qmin − zp, qmax − zp], rounded half to even, + zp. Exactly lpt.kernels.output_stage
+// (and, for Relu and Clip, lpt/kernels/_elementwise.c's output_stage).
 
 constexpr int64_t PARALLEL_WORK = 1 << 15;  // values below which a loop of ours runs on one thread
 
@@ -74,7 +75,7 @@ size_t item_size(Dst dst) { return dst == Dst::u8 || dst == Dst::s8 ? 1 : 4; }
 struct OutputStage {
     std::vector<float> multiplier;  // [C]
     std::vector<float> bias;        // [C] or empty
-    std::vector<float> clips;       // (low, high) pairs
+    std::vector<float> post_ops;    // (slope, low, high) triples: x < 0 ? x·slope : x, then the clip
     Dst dst = Dst::f32;
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;
@@ -102,8 +103,10 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
             const float *b = s.bias.data();
             for (int64_t c = 0; c < channels; ++c) x[c] = x[c] + b[c];
         }
-        for (size_t k = 0; k + 1 < s.clips.size(); k += 2) {
-            const float low = s.clips[k], high = s.clips[k + 1];
+        for (size_t k = 0; k + 2 < s.post_ops.size(); k += 3) {
+            const float slope = s.post_ops[k], low = s.post_ops[k + 1], high = s.post_ops[k + 2];
+            if (slope != 1.0f)  // LeakyRelu
+                for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < 0.0f ? x[c] * slope : x[c];
             for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < low ? low : x[c];  // a NaN stays NaN
             for (int64_t c = 0; c < channels; ++c) x[c] = x[c] > high ? high : x[c];
         }
@@ -368,11 +371,12 @@ std::vector<float> float_vector(PyObject *o, const char *name) {
     return std::vector<float>(data, data + b.view.len / sizeof(float));
 }
 
-void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObject *clips, const char *dst,
+void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObject *post_ops, const char *dst,
                  double scale, int zero_point, int qmin, int qmax) {
     stage.multiplier = float_vector(multiplier, "multiplier");
     if (bias != Py_None) stage.bias = float_vector(bias, "bias");
-    stage.clips = float_vector(clips, "clips");
+    stage.post_ops = float_vector(post_ops, "post_ops");
+    if (stage.post_ops.size() % 3) throw std::invalid_argument("post_ops must be (slope, low, high) triples");
     const std::string d(dst);
     stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
     if (d != "f32" && d != "u8" && d != "s8") throw std::invalid_argument("dst must be 'f32', 'u8' or 's8'");
@@ -384,7 +388,7 @@ void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObj
 
 // The part of create() that both kinds share: weights, route, zero point, output stage, threads.
 bool parse_common(Operation &op, PyObject *weights, const char *route, int threads, int src_zero_point,
-                  PyObject *multiplier, PyObject *bias, PyObject *clips, const char *dst, double scale,
+                  PyObject *multiplier, PyObject *bias, PyObject *post_ops, const char *dst, double scale,
                   int zero_point, int qmin, int qmax) {
     Buffer w;
     if (!w.get(weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return false;
@@ -407,7 +411,7 @@ bool parse_common(Operation &op, PyObject *weights, const char *route, int threa
     }
     op.threads = threads > 0 ? threads : omp_get_num_procs();
     op.src_zero_point = src_zero_point;
-    parse_stage(op.stage, multiplier, bias, clips, dst, scale, zero_point, qmin, qmax);
+    parse_stage(op.stage, multiplier, bias, post_ops, dst, scale, zero_point, qmin, qmax);
     return true;
 }
 
@@ -432,8 +436,8 @@ void prepare_epilogue(Operation &op) {
         op.padded_bias.resize(padded, 0.0f);
         e.bias = op.padded_bias.data();
     }
-    e.clips = s.clips.data();
-    e.clip_pairs = (int64_t)s.clips.size() / 2;
+    e.post_ops = s.post_ops.data();
+    e.post_op_count = (int64_t)s.post_ops.size() / 3;
     e.type = s.dst == Dst::u8 ? lpt_s16::Epilogue::u8 : s.dst == Dst::s8 ? lpt_s16::Epilogue::s8 : lpt_s16::Epilogue::f32;
     e.scale = s.scale;
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
@@ -449,23 +453,23 @@ PyObject *fail(const std::exception &e) {
 
 const char CONV_DOC[] =
     "conv(weights, groups, strides, dilations, pads_begin, pads_end, src_zero_point, route, threads,\n"
-    "     multiplier, bias, clips, dst, dst_scale, dst_zero_point, qmin, qmax) -> operation\n\n"
+    "     multiplier, bias, post_ops, dst, dst_scale, dst_zero_point, qmin, qmax) -> operation\n\n"
     "weights: int8 [OC, IC/groups, *kernel] (1 to 3 spatial axes); dilations as ONNX counts them (1 = none);\n"
-    "multiplier, bias: float32 [OC] (bias may be None); clips: float32 (low, high) pairs; dst 'f32', 'u8', 's8'.";
+    "multiplier, bias: float32 [OC] (bias may be None); post_ops: float32 (slope, low, high) triples (LeakyRelu, then a clip); dst 'f32', 'u8', 's8'.";
 
 PyObject *py_conv(PyObject *, PyObject *args) {
-    PyObject *weights, *shape_o, *strides_o, *dilations_o, *begin_o, *end_o, *multiplier, *bias, *clips;
+    PyObject *weights, *shape_o, *strides_o, *dilations_o, *begin_o, *end_o, *multiplier, *bias, *post_ops;
     int groups, src_zero_point, threads, zero_point, qmin, qmax;
     const char *route, *dst;
     double scale;
     if (!PyArg_ParseTuple(args, "OOiOOOOisiOOOsdiii", &weights, &shape_o, &groups, &strides_o, &dilations_o,
-                          &begin_o, &end_o, &src_zero_point, &route, &threads, &multiplier, &bias, &clips, &dst,
+                          &begin_o, &end_o, &src_zero_point, &route, &threads, &multiplier, &bias, &post_ops, &dst,
                           &scale, &zero_point, &qmin, &qmax))
         return nullptr;
     auto op = std::make_unique<Operation>();
     try {
         op->kind = Kind::conv;
-        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, clips, dst, scale,
+        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, post_ops, dst, scale,
                           zero_point, qmin, qmax))
             return nullptr;
         const auto shape = int_sequence(shape_o, "weight shape");
@@ -517,21 +521,21 @@ PyObject *py_conv(PyObject *, PyObject *args) {
 }
 
 const char MATMUL_DOC[] =
-    "matmul(weights, src_zero_point, route, threads, multiplier, bias, clips, dst, dst_scale, dst_zero_point,\n"
+    "matmul(weights, src_zero_point, route, threads, multiplier, bias, post_ops, dst, dst_scale, dst_zero_point,\n"
     "       qmin, qmax) -> operation\n\nweights: int8 [K, N]; multiplier, bias: float32 [N].";
 
 PyObject *py_matmul(PyObject *, PyObject *args) {
-    PyObject *weights, *shape_o, *multiplier, *bias, *clips;
+    PyObject *weights, *shape_o, *multiplier, *bias, *post_ops;
     int src_zero_point, threads, zero_point, qmin, qmax;
     const char *route, *dst;
     double scale;
     if (!PyArg_ParseTuple(args, "OOisiOOOsdiii", &weights, &shape_o, &src_zero_point, &route, &threads, &multiplier,
-                          &bias, &clips, &dst, &scale, &zero_point, &qmin, &qmax))
+                          &bias, &post_ops, &dst, &scale, &zero_point, &qmin, &qmax))
         return nullptr;
     auto op = std::make_unique<Operation>();
     try {
         op->kind = Kind::matmul;
-        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, clips, dst, scale,
+        if (!parse_common(*op, weights, route, threads, src_zero_point, multiplier, bias, post_ops, dst, scale,
                           zero_point, qmin, qmax))
             return nullptr;
         const auto shape = int_sequence(shape_o, "weight shape");
@@ -750,22 +754,22 @@ void run_product(const Product &p, const uint8_t *a, bool a_signed, const uint8_
 }
 
 const char PRODUCT_DOC[] =
-    "product(a_zero_point, b_zero_point, threads, multiplier, bias, clips, dst, dst_scale, dst_zero_point,\n"
+    "product(a_zero_point, b_zero_point, threads, multiplier, bias, post_ops, dst, dst_scale, dst_zero_point,\n"
     "        qmin, qmax) -> product\n\nmultiplier, bias: float32, one value or one per column.";
 
 PyObject *py_product(PyObject *, PyObject *args) {
-    PyObject *multiplier, *bias, *clips;
+    PyObject *multiplier, *bias, *post_ops;
     int a_zero_point, b_zero_point, threads, zero_point, qmin, qmax;
     const char *dst;
     double scale;
-    if (!PyArg_ParseTuple(args, "iiiOOOsdiii", &a_zero_point, &b_zero_point, &threads, &multiplier, &bias, &clips,
+    if (!PyArg_ParseTuple(args, "iiiOOOsdiii", &a_zero_point, &b_zero_point, &threads, &multiplier, &bias, &post_ops,
                           &dst, &scale, &zero_point, &qmin, &qmax))
         return nullptr;
     auto p = std::make_unique<Product>();
     try {
         p->a_zero_point = a_zero_point, p->b_zero_point = b_zero_point;
         p->threads = threads > 0 ? threads : omp_get_num_procs();
-        parse_stage(p->stage, multiplier, bias, clips, dst, scale, zero_point, qmin, qmax);
+        parse_stage(p->stage, multiplier, bias, post_ops, dst, scale, zero_point, qmin, qmax);
     } catch (const std::exception &e) {
         return fail(e);
     }

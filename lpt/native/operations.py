@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from lpt.kernels.int8_gemm import MAX_REDUCTION
-from lpt.kernels.output_stage import Clip, Relu
+from lpt.kernels.output_stage import Clip, LeakyRelu, Relu
 from lpt.kernels.quantize import integer_container
 from lpt.kernels.window import Window
 from lpt.native import routes
@@ -59,7 +59,7 @@ class _Operation:
         self.multiplier = _per_channel(multiplier, out_channels, "multiplier")
         self.bias = None if bias is None else _per_channel(bias, out_channels, "bias")
         self.dst_dtype, destination = _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
-        self._stage = (self.multiplier, self.bias, _clips(post_ops)) + destination
+        self._stage = (self.multiplier, self.bias, _post_ops(post_ops)) + destination
 
     @property
     def instruction(self) -> tuple:
@@ -84,7 +84,7 @@ class Conv(_Operation):
 
     weights: int8 [OC, IC/groups, *kernel], 1 to 3 spatial axes; strides, dilations, pads as ONNX's
     Conv (pads [x1_begin, x2_begin, …, x1_end, x2_end], explicit); multiplier f32, one or one per
-    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip;
+    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu;
     dst_scale None for an f32 destination, else the destination's scale and zero point, in
     dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
     [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
@@ -214,7 +214,7 @@ class Product:
         bias = None if bias is None else np.ascontiguousarray(np.asarray(bias, np.float32).reshape(-1))
         self.dst_dtype, destination = _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
         self._product = engine.product(int(np.reshape(a_zero_point, ())), int(np.reshape(b_zero_point, ())), threads,
-                                       multiplier, bias, _clips(post_ops), *destination)
+                                       multiplier, bias, _post_ops(post_ops), *destination)
         self._program = Program([("product", ["a", "b"], "y", self._product)], ["a", "b"], ["y"], threads)
 
     @property
@@ -258,14 +258,17 @@ def _per_channel(value, channels: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(value, (channels,)))
 
 
-def _clips(post_ops) -> np.ndarray:
-    """Relu and Clip as (low, high) pairs: Relu is max(x, 0), a clip with no upper bound."""
-    pairs = []
+def _post_ops(post_ops) -> np.ndarray:
+    """Relu, Clip and LeakyRelu as the engine's (slope, low, high) triples: x < 0 ? x·slope : x, then
+    min(max(x, low), high). Relu is a clip with no upper bound, LeakyRelu a slope with no bounds."""
+    triples = []
     for op in post_ops:
         if isinstance(op, Relu):
-            pairs.append((0.0, np.inf))
+            triples.append((1.0, 0.0, np.inf))
         elif isinstance(op, Clip):
-            pairs.append((op.low, op.high))
+            triples.append((1.0, op.low, op.high))
+        elif isinstance(op, LeakyRelu):
+            triples.append((op.alpha, -np.inf, np.inf))
         else:
-            raise Unsupported(f"the post-op {type(op).__name__} (Relu and Clip only)")
-    return np.array(pairs, np.float32).reshape(-1)
+            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip and LeakyRelu only)")
+    return np.array(triples, np.float32).reshape(-1)

@@ -90,9 +90,14 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * half));
             x[half] = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + 8 * half));
             if (e.bias) x[half] = _mm256_add_ps(x[half], _mm256_loadu_ps(e.bias + c0 + 8 * half));
-            for (int64_t k = 0; k < e.clip_pairs; ++k) {
-                x[half] = _mm256_max_ps(_mm256_set1_ps(e.clips[2 * k]), x[half]);      // x < low ? low : x
-                x[half] = _mm256_min_ps(_mm256_set1_ps(e.clips[2 * k + 1]), x[half]);  // x > high ? high : x
+            for (int64_t k = 0; k < e.post_op_count; ++k) {
+                const float *op = e.post_ops + 3 * k;
+                if (op[0] != 1.0f) {  // LeakyRelu: x < 0 ? x·slope : x
+                    const __m256 negative = _mm256_cmp_ps(x[half], _mm256_setzero_ps(), _CMP_LT_OQ);
+                    x[half] = _mm256_blendv_ps(x[half], _mm256_mul_ps(x[half], _mm256_set1_ps(op[0])), negative);
+                }
+                x[half] = _mm256_max_ps(_mm256_set1_ps(op[1]), x[half]);  // x < low ? low : x
+                x[half] = _mm256_min_ps(_mm256_set1_ps(op[2]), x[half]);  // x > high ? high : x
             }
         }
         T *o = out + j * out_stride;

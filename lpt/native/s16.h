@@ -67,14 +67,14 @@ void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, in
                int32_t *acc, int threads);
 
 // The output stage of lpt/native/_engine.cpp (and lpt.kernels.output_stage), as numbers:
-// x = f32(acc)·multiplier[c] + bias[c], each clip as max then min, then for an 8-bit destination
+// x = f32(acc)·multiplier[c] + bias[c], each post-op as a LeakyRelu slope then a clip, then for an 8-bit destination
 // saturate(rint(x / scale) + zero_point) in [qmin, qmax]. The arrays hold one value per output
 // channel, padded with zeros to a multiple of 16.
 struct Epilogue {
     enum Type { f32, u8, s8 } type = f32;
     const float *multiplier = nullptr, *bias = nullptr;  // bias may be null
-    const float *clips = nullptr;                       // (low, high) pairs
-    int64_t clip_pairs = 0;
+    const float *post_ops = nullptr;                    // (slope, low, high) triples
+    int64_t post_op_count = 0;
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;
 };
