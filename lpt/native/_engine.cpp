@@ -210,7 +210,11 @@ struct Operation {
     // channels-first values (run_s16 keeps the widened source, per thread)
     lpt_s16::Geometry geometry{};
     bool depthwise = false;  // one input and one output channel per group (s16's depthwise kernel)
-    bool winograd = false;   // a 3×3 convolution of stride 1 that s16 runs by Winograd's F(2×2, 3×3)
+    // A 3×3 convolution of stride 1 that s16 can run by Winograd's F(2×2, 3×3): where it pays (auto),
+    // always (LPT_WINOGRAD=1, as tests force it) or never (LPT_WINOGRAD=0). Each form's weights are
+    // packed at its first run, so a network at one batch size packs each layer's once.
+    enum class Winograd { never, automatic, always } winograd = Winograd::never;
+    lpt_s16::PackedWeights winograd_packed;
     lpt_s16::PackedWeights packed;
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
@@ -507,12 +511,18 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                             axis(op->strides, y, 1), op->strides.back(), axis(op->dilations, y, 0) + 1,
                             op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
                             axis(op->pads_end, y, 0), op->pads_end.back()};
-            const char *winograd = std::getenv("LPT_WINOGRAD");  // "0": the direct kernel, as tests compare both
-            op->winograd = !op->depthwise && lpt_s16::winograd_fits(op->geometry) && !(winograd && std::string(winograd) == "0");
-            op->geometry.whole_runs = !op->depthwise && !op->winograd && (op->in_channels & 1) && op->geometry.dilation_w == 1;
-            op->packed = op->depthwise  ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
-                         : op->winograd ? lpt_s16::pack_winograd_weights(op->weights.data(), op->geometry)
-                                        : lpt_s16::pack_weights(op->weights.data(), op->geometry);
+            if (!op->depthwise && lpt_s16::winograd_fits(op->geometry)) {
+                const char *choice = std::getenv("LPT_WINOGRAD");
+                const std::string c = choice ? choice : "";
+                op->winograd = c == "0" ? Operation::Winograd::never
+                               : c == "1" ? Operation::Winograd::always : Operation::Winograd::automatic;
+            }
+            // Winograd reads channel pairs: its source keeps the even layout, which the direct kernel then shares
+            op->geometry.whole_runs = !op->depthwise && !lpt_s16::winograd_fits(op->geometry) && (op->in_channels & 1) &&
+                                      op->geometry.dilation_w == 1;
+            if (op->winograd == Operation::Winograd::never)
+                op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
+                                           : lpt_s16::pack_weights(op->weights.data(), op->geometry);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -595,26 +605,31 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (out_bytes != items * item_size(dst)) throw std::invalid_argument("out does not have the output's size");
     // One widened source per calling thread, shared by every layer it runs: a network's layers then
     // reuse the same cache-warm memory instead of each keeping its own.
+    const bool winograd = op.winograd == Operation::Winograd::always ||
+                          (op.winograd == Operation::Winograd::automatic && lpt_s16::winograd_pays(g, h, w));
+    lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
+    if (weights.empty())
+        weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
     thread_local std::vector<int16_t> wide;
-    const lpt_s16::Geometry widening = op.winograd ? lpt_s16::winograd_widening(g, h, w) : g;
+    const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     wide.resize(lpt_s16::widened_size(widening, images, h, w) + lpt_s16::READ_SLACK);
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, widening, images, h, w,
                    wide.data(), op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
         const auto staged = op.depthwise ? lpt_s16::depthwise_staged
-                            : op.winograd ? lpt_s16::winograd_staged
+                            : winograd    ? lpt_s16::winograd_staged
                                           : lpt_s16::convolve_staged;
-        staged(wide.data(), op.packed.data(), g, images, h, w, op.epilogue, out, op.threads);
+        staged(wide.data(), weights.data(), g, images, h, w, op.epilogue, out, op.threads);
     } else {
         op.acc.resize(items);
-        const auto accumulate = op.depthwise ? lpt_s16::depthwise : op.winograd ? lpt_s16::winograd : lpt_s16::convolve;
-        accumulate(wide.data(), op.packed.data(), g, images, h, w, op.acc.data(), op.threads);
+        const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd : lpt_s16::convolve;
+        accumulate(wide.data(), weights.data(), g, images, h, w, op.acc.data(), op.threads);
         finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
         if (items * sizeof(int32_t) > KEEP_SCRATCH_BYTES) std::vector<int32_t>().swap(op.acc);
     }
-    op.last_impl = op.winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
+    op.last_impl = winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
     if (wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) std::vector<int16_t>().swap(wide);
 }
 

@@ -279,6 +279,10 @@ bool winograd_fits(const Geometry &g) {
            g.dilation_w == 1 && g.in_channels <= WINOGRAD_MAX_CHANNELS;
 }
 
+bool winograd_pays(const Geometry &g, int64_t h, int64_t w) {
+    return g.out_h(h) >= WINOGRAD_MIN_SIDE && g.out_w(w) >= WINOGRAD_MIN_SIDE;
+}
+
 Geometry winograd_widening(const Geometry &g, int64_t h, int64_t w) {
     Geometry wider = g;
     wider.pad_bottom += g.out_h(h) & 1;

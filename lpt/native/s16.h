@@ -91,15 +91,20 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
 // hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
 void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
 
-// 3×3 convolutions of stride 1 and at least 16 channels by Winograd's F(2×2, 3×3) in integers, exactly: each 2×2 block of
-// outputs costs 16 products per channel pair instead of 36. Scaled by 2, the transforms have only
-// integer coefficients: the source's transform B^T·d·B adds at most 4 values of [−255, 255] (|v| ≤
-// 1020) and the weights' (2G)·g·(2G)^T at most 9 of [−128, 127] (|u| ≤ 1152), both int16, and each
-// pair of products (≤ 2·1020·1152) fits int32. Sums wrap modulo 2^32, and the result, 4× the exact
-// accumulator, is exact where 4·|acc| < 2^31, as it is for in_channels ≤ WINOGRAD_MAX_CHANNELS
-// (4·C·9·255·128 < 2^31); the division by 4 is then exact too.
+// 3×3 convolutions of stride 1 and at least 16 channels by Winograd's F(2×2, 3×3) in integers,
+// exactly: each 2×2 block of outputs costs 16 products per channel pair instead of 36. Scaled by 2,
+// the transforms have only integer coefficients: the source's transform B^T·d·B adds at most 4
+// values of [−255, 255] (|v| ≤ 1020) and the weights' (2G)·g·(2G)^T at most 9 of [−128, 127]
+// (|u| ≤ 1152), both int16, and each pair of products (≤ 2·1020·1152) fits int32. Sums wrap modulo
+// 2^32, and the result, 4× the exact accumulator, is exact where 4·|acc| < 2^31, as it is for
+// in_channels ≤ WINOGRAD_MAX_CHANNELS (4·C·9·255·128 < 2^31); the division by 4 is then exact too.
 constexpr int64_t WINOGRAD_MAX_CHANNELS = 1824;
 bool winograd_fits(const Geometry &g);
+// Whether Winograd beats the direct kernel on this source: on maps smaller than 4×4 its transforms
+// and its weights, 16/9 the direct kernel's, cost more than the products saved (measured on a Zen 3,
+// 512 channels: 1.2× slower at 2×2, 1.05× at 3×3, 0.6–0.8× from 4×4 on).
+constexpr int64_t WINOGRAD_MIN_SIDE = 4;
+bool winograd_pays(const Geometry &g, int64_t h, int64_t w);
 PackedWeights pack_winograd_weights(const int8_t *weights, const Geometry &g);
 // The geometry widen() must use for winograd(): one more row and column of zeros where the output's
 // height or width is odd, so every 2×2 block reads a whole 4×4 window.

@@ -1,5 +1,6 @@
 """s16's 3×3 stride-1 convolutions by integer Winograd F(2×2, 3×3): the same bits as the NumPy oracle
-and as the direct kernel (LPT_WINOGRAD=0), on the extremes where its transforms are tightest."""
+and as the direct kernel (LPT_WINOGRAD=0), on the extremes where its transforms are tightest.
+LPT_WINOGRAD=1 forces it on maps too small for it to pay."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ MAX_CHANNELS = 1824  # s16.h: WINOGRAD_MAX_CHANNELS, where 4·acc still fits int
 
 
 def conv(weights, zero_point, pads, winograd, monkeypatch, **stage):
-    monkeypatch.setenv("LPT_WINOGRAD", "1" if winograd else "0")  # read when the operation is made
+    monkeypatch.setenv("LPT_WINOGRAD", "1" if winograd else "0")  # read when the operation is made: forced either way
     return lpt.native.Conv(weights, src_zero_point=zero_point, pads=pads, route="s16", threads=2, **stage)
 
 
@@ -76,14 +77,26 @@ def test_the_output_stage_in_registers_equals_lpts_numpy_output_stage(case):
     assert got.dtype == np.uint8 and np.array_equal(got, expected)
 
 
-@pytest.mark.parametrize("channels, winograd", [(MAX_CHANNELS, "lpt:s16_winograd_avx2"),
-                                                (MAX_CHANNELS + 2, "lpt:s16_avx2")])
-def test_the_largest_sums_stay_exact_and_longer_reductions_take_the_direct_kernel(channels, winograd, monkeypatch):
+@pytest.mark.parametrize("channels, implementation", [(MAX_CHANNELS, "lpt:s16_winograd_avx2"),
+                                                      (MAX_CHANNELS + 2, "lpt:s16_avx2")])
+def test_the_largest_sums_stay_exact_and_longer_reductions_take_the_direct_kernel(channels, implementation,
+                                                                                 monkeypatch):
     # every product at its largest, (0 − 255)·(−128): 4× the accumulator is within a hair of 2^31
     src = np.zeros((1, channels, 4, 4), np.uint8)
     weights = np.full((3, channels, 3, 3), -128, np.int8)
     operation = conv(weights, 255, (0, 0, 0, 0), True, monkeypatch)
     got = operation.accumulate(src)
-    assert operation.implementation == winograd
+    assert operation.implementation == implementation
     assert np.all(got == channels * 9 * 255 * 128)
     assert np.array_equal(got, conv_reference(src, weights, 255))
+
+
+def test_by_default_winograd_runs_on_maps_where_it_pays(monkeypatch):
+    monkeypatch.delenv("LPT_WINOGRAD", raising=False)
+    rng = np.random.default_rng(3)
+    weights = rng.integers(-128, 128, (24, 16, 3, 3)).astype(np.int8)
+    operation = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=9, route="s16", threads=2)
+    for size, implementation in ((3, "lpt:s16_avx2"), (7, "lpt:s16_winograd_avx2"), (3, "lpt:s16_avx2")):
+        src = rng.integers(0, 256, (1, 16, size, size)).astype(np.uint8)
+        assert np.array_equal(operation.accumulate(src), conv_reference(src, weights, 9, pads=(1, 1, 1, 1)))
+        assert operation.implementation == implementation
