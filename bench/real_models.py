@@ -23,7 +23,8 @@ For each model of bench/corpus.tsv (copied from the project's shared/realmodels/
    32 calibration samples. Both start from the model converted to opset 13 when it is older
    (onnxruntime writes an invalid per-channel QDQ model on opset 11/12, NNCF falls back to
    per-tensor weights). Each is optional and noted when missing or failing.
-5. latency: median of `--repeats` runs on one evaluation sample (batch as the model takes it),
+5. latency: median of `--repeats` runs on one evaluation sample (batch as the model takes it), the
+   engines taking turns in rounds (lpt.benchmark.median_ms_in_turns),
    `--threads` threads everywhere: onnxruntime fp32, lpt's plan, onnxruntime on the
    quantize_static model, OpenVINO on lpt's FQ model; shown as ratios to onnxruntime fp32.
 
@@ -48,7 +49,6 @@ import json
 import logging
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -285,16 +285,6 @@ def record_sqnr(result: ModelResult, who: str, references, candidates) -> None:
     result.sqnr_db[who] = float("nan") if not values or any(np.isnan(values)) else min(values)
 
 
-def median_ms(function, repeats: int) -> float:
-    function()  # warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append((time.perf_counter() - start) * 1e3)
-    return round(statistics.median(times), 3)
-
-
 def at_least_opset_13(model: Path, out: Path) -> Path:
     """`model`, or a copy converted to opset 13 when older: onnxruntime's per-channel QDQ needs 13 (it
     writes an invalid model on opset 11/12), and NNCF quantizes weights per tensor below 13."""
@@ -493,6 +483,8 @@ def baselines(entry: Entry, p: Prepared, args, result: ModelResult):
 
 def latency(p: Prepared, args, result: ModelResult, run, qdq, ov_model) -> None:
     """Median ms on the first evaluation sample, per engine; the ones that fail are named in the error."""
+    from lpt.benchmark import median_ms_in_turns
+
     feed = p.evaluation[0]
     engines = {"onnxruntime fp32": lambda: p.fp32.run(None, feed)}
     if run is not None:
@@ -503,11 +495,14 @@ def latency(p: Prepared, args, result: ModelResult, run, qdq, ov_model) -> None:
         request = ov_model.create_infer_request()
         engines["openvino FQ"] = lambda: request.infer(feed)
     failed = []
-    for engine, function in engines.items():
+    for engine, function in list(engines.items()):
         try:
-            result.latency_ms[engine] = median_ms(function, args.repeats)
-        except Exception as err:  # noqa: BLE001 - the others are still measured
+            function()  # one that fails is named, and the others are still measured
+        except Exception as err:  # noqa: BLE001
             failed.append(f"{engine}: {first_line(err)}")
+            del engines[engine]
+    timings = median_ms_in_turns(engines, args.repeats)
+    result.latency_ms.update({engine: round(ms, 3) for engine, ms in timings.items()})
     if failed:
         raise RuntimeError("; ".join(failed))
 

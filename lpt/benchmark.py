@@ -51,7 +51,7 @@ class BenchResult:
                 "unavailable": self.unavailable}
 
 
-def _median_ms(engines: dict[str, Callable[[], object]], repeats: int, rounds: int = 5) -> dict[str, float]:
+def median_ms_in_turns(engines: dict[str, Callable[[], object]], repeats: int, rounds: int = 5) -> dict[str, float]:
     """Median milliseconds per call of each engine, the engines taking turns in `rounds` blocks."""
     rounds = max(1, min(rounds, repeats))
     times: dict[str, list[float]] = {name: [] for name in engines}
@@ -98,7 +98,7 @@ def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: i
         if fp32_model is not None:
             fp32 = _session(fp32_model, threads, optimize=True)
             engines["onnxruntime fp32"] = lambda: fp32.run(None, feeds)
-        result.median_ms = _median_ms(engines, repeats)
+        result.median_ms = median_ms_in_turns(engines, repeats)
         if profile:
             result.profile = _profile(plan, feeds, max(3, repeats // 4))
     return result
