@@ -16,6 +16,9 @@
 // caller gives the output stage (convolve_staged), each tile's accumulators go through it while
 // they are in registers, so no int32 tensor is written. Depthwise convolutions have their own
 // loop (depthwise_block): no reduction over channels to pair, so each product is taken in int16.
+// 3×3 convolutions of stride 1 may run by integer Winograd (each_winograd_tile, s16.h says why it
+// is exact): the source and the weights transformed, 16 products per 2×2 block by the same tile
+// kernel, the outputs transformed back before the output stage.
 
 #include "s16.h"
 
@@ -275,8 +278,8 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
 
 bool winograd_fits(const Geometry &g) {
     // below 16 channels the transforms, 16 channels at a time, cost more than the products they save
-    return g.in_channels >= 16 && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
-           g.dilation_w == 1 && g.in_channels <= WINOGRAD_MAX_CHANNELS;
+    return g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
+           g.dilation_w == 1 && g.in_channels >= 16 && g.in_channels <= WINOGRAD_MAX_CHANNELS;
 }
 
 bool winograd_pays(const Geometry &g, int64_t h, int64_t w) {
