@@ -241,3 +241,37 @@ def test_leaky_relu_and_a_max_with_a_constant_join_the_output_stage(floor_first)
     np.testing.assert_array_equal(ours, lpt.run_reference(m, {"x": x})["y"])
     if lpt.native.available():
         assert any(s.engine == ENGINE for s in plan.run_steps)
+
+
+def test_a_bias_past_int32_levels_stays_out_of_qlinear_conv():
+    """A channel of near-zero weights (pruned, or dead in a real detector) has a tiny weight scale, so
+    its bias in units of the multiplier is past int32: the export keeps the integer chain rather than
+    writing a garbage QLinearConv bias."""
+    import warnings
+
+    import onnx
+    import onnx_ir as ir
+    from onnx import helper, numpy_helper
+
+    from lpt.export.int8 import to_standard_int8
+
+    weights = RNG.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+    weights[2] *= 1e-12
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["y"])],  # reads the first one's output quantized
+        "dead_channel", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 6, 6])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.full(4, 0.5, np.float32), "b"),
+         numpy_helper.from_array(RNG.normal(0, 0.3, (2, 4, 1, 1)).astype(np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = {"x": RNG.uniform(-1, 1, (16, 1, 3, 6, 6)).astype(np.float32)}
+    fq = lpt.calibrate(ir.serde.deserialize_model(model), {"x": data["x"].reshape(16, 3, 6, 6)}, quiet=True).model
+    lpt.transform(int8 := fq)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        exported, report = to_standard_int8(int8)
+    assert report.fused == []  # the first keeps its chain; the second has no quantize after it
+    x = data["x"][0]
+    np.testing.assert_allclose(lpt.run_reference(exported, {"x": x})["y"], compile_model(int8).run({"x": x})["y"],
+                               atol=1e-6)

@@ -53,8 +53,21 @@ def _fits_qlinear(node: ir.Node, layer: Int8Layer, nodes: list[ir.Node]) -> bool
     if any(not isinstance(op, kernels.Relu) for op in layer.post_ops) or (
             layer.post_ops and int(destination.zero_point) != destination.qmin):
         return False  # a Relu folds only where saturation at the zero point does its work
+    if layer.bias is not None and _bias_levels(layer) is None:
+        return False  # QLinearConv's int32 bias cannot say it
     # onnxruntime's QLinear kernels want the output type equal to the input type
     return node.inputs[0].dtype.numpy() == destination.zero_point.dtype
+
+
+def _bias_levels(layer: Int8Layer) -> np.ndarray | None:
+    """The bias in units of the multiplier, as QLinearConv's int32 bias, or None where there is no such
+    number: a channel whose multiplier is 0 (its weights all 0) under a bias, or a bias past int32."""
+    multiplier = layer.multiplier.astype(np.float64).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        levels = np.round(layer.bias.astype(np.float64).reshape(-1) / multiplier)
+    if not np.all(np.isfinite(levels)) or np.abs(levels).max(initial=0) > np.iinfo(np.int32).max:
+        return None
+    return levels.astype(np.int32)
 
 
 def _fuse(node: ir.Node, report: ExportReport) -> None:
@@ -75,8 +88,7 @@ def _fuse(node: ir.Node, report: ExportReport) -> None:
     w_scale = add_constant(graph, f"{name}/w_scale", multiplier if multiplier.size > 1 else multiplier.reshape(()))
     inputs = [x, one, x_zp, w, w_scale, w_zp, quantize.inputs[1], quantize.inputs[2]]
     if layer.bias is not None:
-        bias = layer.bias.astype(np.float64).reshape(-1)
-        inputs.append(add_constant(graph, f"{name}/bias_int32", np.round(bias / multiplier).astype(np.int32)))
+        inputs.append(add_constant(graph, f"{name}/bias_int32", _bias_levels(layer)))
     attributes = {k: v for k, v in node.attributes.items()} if is_conv else {}
     fused = ir.node("QLinearConv" if is_conv else "QLinearMatMul", inputs, attributes, name=name)
     fused.outputs[0].type = quantize.outputs[0].type
