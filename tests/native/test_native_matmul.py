@@ -122,3 +122,24 @@ def test_a_product_that_would_broadcast_is_refused_for_lpts_kernels():
         product(np.ones((2, 3, 4), np.uint8), np.ones((1, 4, 5), np.uint8))
     with pytest.raises(lpt.native.Unsupported, match="per-row or per-column"):
         lpt.native.Product(a_zero_point=np.array([1, 2], np.uint8))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dst_dtype, zero_point", [(np.uint8, 3), (np.int8, -7)])
+def test_levels_on_and_next_to_halves_round_as_the_division_does(route, dst_dtype, zero_point):
+    """The vector output stage divides by the scale as a product with its inverse where both round to
+    the same level, and divides where a value lies next to a half: every value here does, one or two
+    float32 steps either side of k + 1/2, where a product alone would round some of them the other way."""
+    scale = np.float32(0.0373)
+    acc = np.arange(-128, 128, dtype=np.int32)  # q − 128 for every q: every odd one a half
+    src = np.repeat((acc + 128).astype(np.uint8)[:, None], 2, axis=1)
+    steps = np.arange(-24, 24, dtype=np.int32)  # multipliers 24 float32 steps either side of scale / 2
+    multiplier = (np.float32(scale / 2).view(np.int32) + steps).view(np.float32)
+    weights = np.zeros((2, steps.size), np.int8)
+    weights[0] = 1
+    stage = dict(multiplier=multiplier, dst_scale=scale, dst_zero_point=zero_point, dst_dtype=dst_dtype)
+    got = lpt.native.MatMul(weights, src_zero_point=128, route=route, threads=1, **stage)(src)
+    info = np.iinfo(dst_dtype)
+    expected = output_stage(acc[:, None] * np.ones(steps.size, np.int32), multiplier, None, (), scale, zero_point,
+                            int(info.min), int(info.max), axis=-1)
+    assert got.dtype == dst_dtype and np.array_equal(got, expected)
