@@ -26,7 +26,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -78,16 +77,6 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
 using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *);
 constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-// min(max(v, low), high): max(NaN, low) is low, as the scalar y >= low ? y : low
-__attribute__((target("avx2"))) inline __m256 clamp(__m256 v, __m256 low, __m256 high) {
-    return _mm256_min_ps(_mm256_max_ps(v, low), high);
-}
-
-// rint of |v| ≤ 2^22, ties to even: the float32 add of 1.5·2^23 rounds
-__attribute__((target("avx2"))) inline __m256 round_even(__m256 v, __m256 magic) {
-    return _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
-}
-
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
@@ -98,14 +87,6 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
     const __m256 scale = _mm256_set1_ps(e.scale), zero_point = _mm256_set1_ps((float)e.zero_point),
                  low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
                  high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
-    // x / scale by a product with 1 / scale where that rounds to the same level: a division costs
-    // several products' time. The two differ by less than 2^-22 relatively, so after the clamp (|y| ≤
-    // 255) by less than 2^-14, and round alike unless y lies within 2^-13 of a half; a vector with
-    // such a lane is divided, as the scalar form does.
-    const float inverse = 1.0f / e.scale;
-    const bool by_product = std::isnormal(e.scale) && std::isnormal(inverse);
-    const __m256 reciprocal = _mm256_set1_ps(inverse), near_half = _mm256_set1_ps(0.5f - 1.0f / 8192),
-                 sign = _mm256_set1_ps(-0.0f);
     for (int64_t j = 0; j < count; ++j) {
         __m256 x[2];
         for (int half = 0; half < 2; ++half) {
@@ -136,13 +117,10 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
         } else {
             __m256i levels[2];
             for (int half = 0; half < 2; ++half) {
-                const __m256 y = clamp(by_product ? _mm256_mul_ps(x[half], reciprocal) : _mm256_div_ps(x[half], scale),
-                                       low, high);
-                __m256 level = round_even(y, magic);
-                if (by_product && _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(y, level)),
-                                                                   near_half, _CMP_GT_OQ)))
-                    level = round_even(clamp(_mm256_div_ps(x[half], scale), low, high), magic);
-                levels[half] = _mm256_cvttps_epi32(_mm256_add_ps(level, zero_point));
+                __m256 y = _mm256_div_ps(x[half], scale);
+                y = _mm256_min_ps(_mm256_max_ps(y, low), high);  // max(NaN, low) is low, as y >= low ? y : low
+                y = _mm256_add_ps(_mm256_sub_ps(_mm256_add_ps(y, magic), magic), zero_point);  // rint, ties to even
+                levels[half] = _mm256_cvttps_epi32(y);
             }
             // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
             const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(levels[0], levels[1]), 0xD8);

@@ -126,10 +126,9 @@ def test_a_product_that_would_broadcast_is_refused_for_lpts_kernels():
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("dst_dtype, zero_point", [(np.uint8, 3), (np.int8, -7)])
-def test_levels_on_and_next_to_halves_round_as_the_division_does(route, dst_dtype, zero_point):
-    """The vector output stage divides by the scale as a product with its inverse where both round to
-    the same level, and divides where a value lies next to a half: every value here does, one or two
-    float32 steps either side of k + 1/2, where a product alone would round some of them the other way."""
+def test_levels_on_and_next_to_halves_round_as_lpts_numpy_output_stage(route, dst_dtype, zero_point):
+    """Every value one or two float32 steps either side of k + 1/2, where any shortcut for x / scale
+    (a product with 1 / scale, say) would round some of them the other way."""
     scale = np.float32(0.0373)
     acc = np.arange(-128, 128, dtype=np.int32)  # q − 128 for every q: every odd one a half
     src = np.repeat((acc + 128).astype(np.uint8)[:, None], 2, axis=1)
