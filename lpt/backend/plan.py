@@ -77,8 +77,11 @@ class Plan:
         return counts
 
     def engine_counts(self) -> Counter:
-        """How many int8 layers (convolutions, matmuls) each engine computes."""
-        return Counter(step.engine for step in self.steps if step.layer is not None)
+        """How many int8 layers (convolutions, matmuls) each engine computes, as the last run computed
+        them (an s16 convolution by Winograd or not, which depends on the source's shape)."""
+        from lpt.native import layer_engine
+
+        return Counter(layer_engine(step.engine, step.native) for step in self.steps if step.layer is not None)
 
     def fallback_ops(self) -> Counter:
         return Counter(op for s in self.steps if s.backend != "int8 kernel" for op in s.op_types)

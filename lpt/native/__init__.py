@@ -10,6 +10,7 @@
     lpt.native.Product(a_zero_point=za, ...) u8/s8 [..., M, K] × u8/s8 [..., K, N], both at run time
     lpt.native.route()                       "u8s8", "s16", "split" or None: what this process runs (routes.py)
     lpt.native.engine_name(route)            how reports name it: "oneDNN (u8s8)", "lpt AVX2 (s16)", ...
+    lpt.native.layer_engine(name, native)    what computed a layer in its last run: s16 by Winograd, say
     lpt.native.available(), unavailable_reason()
 
 Where the engine cannot run a step (see operations.py), creating it raises `Unsupported` with the
@@ -27,11 +28,12 @@ from lpt.native.routes import exact_routes, route
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "available", "engine_name", "exact_routes", "is_native_engine",
-           "onednn_version", "route", "unavailable_reason"]
+__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "WINOGRAD_ENGINE", "available", "engine_name",
+           "exact_routes", "is_native_engine", "layer_engine", "onednn_version", "route", "unavailable_reason"]
 
 _ENGINE_NAMES = {"u8s8": "oneDNN (u8s8)", "split": "oneDNN (split)", "s16": "lpt AVX2 (s16)"}
 PRODUCT_ENGINE = "lpt int32 (product)"  # what computes a Product, on every route
+WINOGRAD_ENGINE = "lpt AVX2 (s16, Winograd)"  # an s16 convolution whose last run took Winograd's F(2×2, 3×3)
 
 
 def engine_name(route: str) -> str:
@@ -41,7 +43,17 @@ def engine_name(route: str) -> str:
 
 def is_native_engine(name: str) -> bool:
     """Whether a step's engine (lpt.backend.step.Step.engine) is one of the native engine's routes."""
-    return name in _ENGINE_NAMES.values() or name == PRODUCT_ENGINE
+    return name in _ENGINE_NAMES.values() or name in (PRODUCT_ENGINE, WINOGRAD_ENGINE)
+
+
+def layer_engine(name: str, native: tuple | None) -> str:
+    """What computed an int8 layer in its last run: `name`, its step's engine, or WINOGRAD_ENGINE for
+    an s16 convolution that took Winograd then (s16 decides per source shape). `native` is the
+    step's instruction (Step.native)."""
+    if engine is not None and native is not None and native[0] == "layer" and \
+            engine.implementation(native[1]) == "lpt:s16_winograd_avx2":
+        return WINOGRAD_ENGINE
+    return name
 
 
 def available() -> bool:

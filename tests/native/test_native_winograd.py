@@ -100,3 +100,20 @@ def test_by_default_winograd_runs_on_maps_where_it_pays(monkeypatch):
         src = rng.integers(0, 256, (1, 16, size, size)).astype(np.uint8)
         assert np.array_equal(operation.accumulate(src), conv_reference(src, weights, 9, pads=(1, 1, 1, 1)))
         assert operation.implementation == implementation
+
+
+@pytest.mark.skipif(lpt.native.route() != "s16", reason="this process's plans take another route")
+def test_the_report_names_the_layers_winograd_computed():
+    import lpt as toolkit
+    from lpt.backend import compile_model
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    wide = g.op("Relu", [g.fq(g.op("Conv", [g.fq("x", 0.02, np.uint8(100)), g.weight((16, 3, 3, 3))], pads=[1] * 4),
+                              0.05, np.uint8(0))])
+    g.op("Conv", [wide, g.weight((8, 16, 3, 3))], pads=[1, 1, 1, 1], name="y")  # 16 channels in: Winograd
+    _, m = g.build({"x": [1, 3, 8, 8]}, ["y"])
+    toolkit.transform(m)
+    plan = compile_model(m)
+    plan.run({"x": np.random.default_rng(0).uniform(-2, 3, (1, 3, 8, 8)).astype(np.float32)})
+    assert plan.engine_counts() == {lpt.native.engine_name("s16"): 1, lpt.native.WINOGRAD_ENGINE: 1}
