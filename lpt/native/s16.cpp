@@ -77,53 +77,93 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
 using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *);
 constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
+// The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
+struct VectorPostOps {
+    static constexpr int64_t MAX = 8;  // a chain has one or two; past MAX, stage() reads the rest as it goes
+    int64_t count = 0;
+    bool leaky[MAX];
+    __m256 slope[MAX], low[MAX], high[MAX];
+};
+
+__attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilogue &e) {
+    VectorPostOps v;
+    v.count = std::min(e.post_op_count, VectorPostOps::MAX);
+    for (int64_t k = 0; k < v.count; ++k) {
+        const float *op = e.post_ops + 3 * k;
+        v.leaky[k] = op[0] != 1.0f;
+        v.slope[k] = _mm256_set1_ps(op[0]);
+        v.low[k] = _mm256_set1_ps(op[1]);
+        v.high[k] = _mm256_set1_ps(op[2]);
+    }
+    return v;
+}
+
+// x = f32(acc)·multiplier + bias, then each post-op: a LeakyRelu's x < 0 ? x·slope : x, then its clip
+__attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, const VectorPostOps &ops, __m256i acc,
+                                                          __m256 multiplier, __m256 bias) {
+    __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), multiplier);
+    if (e.bias) x = _mm256_add_ps(x, bias);
+    for (int64_t k = 0; k < e.post_op_count; ++k) {
+        const bool leaky = k < ops.count ? ops.leaky[k] : e.post_ops[3 * k] != 1.0f;
+        const __m256 slope = k < ops.count ? ops.slope[k] : _mm256_set1_ps(e.post_ops[3 * k]),
+                     low = k < ops.count ? ops.low[k] : _mm256_set1_ps(e.post_ops[3 * k + 1]),
+                     high = k < ops.count ? ops.high[k] : _mm256_set1_ps(e.post_ops[3 * k + 2]);
+        if (leaky) x = _mm256_blendv_ps(x, _mm256_mul_ps(x, slope), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+        x = _mm256_max_ps(low, x);   // x < low ? low : x
+        x = _mm256_min_ps(high, x);  // x > high ? high : x
+    }
+    return x;
+}
+
+// min(max(v, low), high)
+__attribute__((target("avx2"))) inline __m256 clamp(__m256 v, __m256 low, __m256 high) {
+    return _mm256_min_ps(_mm256_max_ps(v, low), high);
+}
+
+// rint of |v| ≤ 2^22, ties to even: the float32 add of 1.5·2^23 rounds
+__attribute__((target("avx2"))) inline __m256 round_even(__m256 v, __m256 magic) {
+    return _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+}
+
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
-// goes where the scalar form sends it.
+// goes where the scalar form sends it. What does not change from one position to the next (the
+// channels' multipliers and biases, the post-ops' constants) is set once.
 template <typename T>
 __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
                                            int64_t valid, T *out, int64_t out_stride) {
     const __m256 scale = _mm256_set1_ps(e.scale), zero_point = _mm256_set1_ps((float)e.zero_point),
                  low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
                  high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
+    const VectorPostOps ops = vector_post_ops(e);
+    const __m256 multiplier0 = _mm256_loadu_ps(e.multiplier + c0), multiplier1 = _mm256_loadu_ps(e.multiplier + c0 + 8);
+    const __m256 bias0 = e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
+                 bias1 = e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps();
     for (int64_t j = 0; j < count; ++j) {
-        __m256 x[2];
-        for (int half = 0; half < 2; ++half) {
-            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * half));
-            x[half] = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(e.multiplier + c0 + 8 * half));
-            if (e.bias) x[half] = _mm256_add_ps(x[half], _mm256_loadu_ps(e.bias + c0 + 8 * half));
-            for (int64_t k = 0; k < e.post_op_count; ++k) {
-                const float *op = e.post_ops + 3 * k;
-                if (op[0] != 1.0f) {  // LeakyRelu: x < 0 ? x·slope : x
-                    const __m256 negative = _mm256_cmp_ps(x[half], _mm256_setzero_ps(), _CMP_LT_OQ);
-                    x[half] = _mm256_blendv_ps(x[half], _mm256_mul_ps(x[half], _mm256_set1_ps(op[0])), negative);
-                }
-                x[half] = _mm256_max_ps(_mm256_set1_ps(op[1]), x[half]);  // x < low ? low : x
-                x[half] = _mm256_min_ps(_mm256_set1_ps(op[2]), x[half]);  // x > high ? high : x
-            }
-        }
+        const int32_t *a = acc + j * LANES;
+        const __m256 x0 = stage_values(e, ops, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a)), multiplier0, bias0),
+                     x1 = stage_values(e, ops, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a + 8)), multiplier1,
+                                       bias1);
         T *o = out + j * out_stride;
         if constexpr (std::is_same_v<T, float>) {
             if (valid == LANES) {
-                _mm256_storeu_ps(o, x[0]);
-                _mm256_storeu_ps(o + 8, x[1]);
+                _mm256_storeu_ps(o, x0);
+                _mm256_storeu_ps(o + 8, x1);
             } else {
                 alignas(32) float values[LANES];
-                _mm256_store_ps(values, x[0]);
-                _mm256_store_ps(values + 8, x[1]);
+                _mm256_store_ps(values, x0);
+                _mm256_store_ps(values + 8, x1);
                 std::memcpy(o, values, valid * sizeof(float));
             }
         } else {
-            __m256i levels[2];
-            for (int half = 0; half < 2; ++half) {
-                __m256 y = _mm256_div_ps(x[half], scale);
-                y = _mm256_min_ps(_mm256_max_ps(y, low), high);  // max(NaN, low) is low, as y >= low ? y : low
-                y = _mm256_add_ps(_mm256_sub_ps(_mm256_add_ps(y, magic), magic), zero_point);  // rint, ties to even
-                levels[half] = _mm256_cvttps_epi32(y);
-            }
+            // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
+            const __m256i level0 = _mm256_cvttps_epi32(_mm256_add_ps(
+                              round_even(clamp(_mm256_div_ps(x0, scale), low, high), magic), zero_point)),
+                          level1 = _mm256_cvttps_epi32(_mm256_add_ps(
+                              round_even(clamp(_mm256_div_ps(x1, scale), low, high), magic), zero_point));
             // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
-            const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(levels[0], levels[1]), 0xD8);
+            const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(level0, level1), 0xD8);
             const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
             const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm_packus_epi16(low_words, high_words)
                                                              : _mm_packs_epi16(low_words, high_words);
