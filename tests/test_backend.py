@@ -212,7 +212,10 @@ def test_an_exported_conv_transpose_keeps_the_accumulator_type_for_what_reads_it
     lpt.transform(m)
     exported, _ = to_standard_int8(m)
     x = RNG.uniform(-2, 3, (1, 3, 4, 4)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], compile_model(m).run({"x": x})["y"], rtol=1e-6)
+    # the Identity is inside the layer's chain, so lpt's Sigmoid is numpy's, the export's onnxruntime's:
+    # a few float32 steps apart
+    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], compile_model(m).run({"x": x})["y"], rtol=1e-6,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("floor_first", [False, True])
@@ -275,3 +278,29 @@ def test_a_bias_past_int32_levels_stays_out_of_qlinear_conv():
     x = data["x"][0]
     np.testing.assert_allclose(lpt.run_reference(exported, {"x": x})["y"], compile_model(int8).run({"x": x})["y"],
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["quantized", "sigmoid"])
+def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head):
+    """ConvTranspose with stride = kernel (each output pixel reads one input pixel) is a matmul of the
+    pixels' channels and its outputs laid out again: on the native engine, the same bits as lpt's kernels."""
+    import lpt.native
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    up = g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(100)), g.weight((24, 5, 2, 2), axis=1),
+                                g.const(g.rng.normal(size=5).astype(np.float32))], strides=[2, 2])
+    if head == "quantized":
+        g.op("Relu", [g.fq(g.op("Relu", [up]), 0.05, np.uint8(0))], name="y")
+    else:  # a text detector's probability map: Sigmoid, in f32
+        g.op("Sigmoid", [up], name="y")
+    _, m = g.build({"x": [2, 24, 5, 7]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    step = next(s for s in plan.steps if "ConvTransposeInteger" in s.op_types)
+    x = RNG.uniform(-2, 3, (2, 24, 5, 7)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 5, 10, 14)
+    np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
+    if lpt.native.available() and lpt.native.route() is not None:
+        assert step.engine == lpt.native.engine_name(lpt.native.route())

@@ -7,7 +7,7 @@
     QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
 
 A chain is followed only through values with a single reader that is not a graph output: what
-it fuses away is then never needed by anyone else.
+it fuses away is then never needed by anyone else. Identity nodes between its links belong to it.
 """
 
 from __future__ import annotations
@@ -93,32 +93,49 @@ def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
     layer = dict(op=op, weights=weights, src_zero_point=src_zp, weight_zero_point=weight_zp,
                  attributes={name: attr.value for name, attr in node.attributes.items()})
     nodes = [node]
-    cast = only_consumer(node.outputs[0], ("Cast",))
-    mul = only_consumer(cast.outputs[0], ("Mul",)) if cast else None
+    cast, between = _next(node.outputs[0], ("Cast",))
+    mul, more = _next(cast.outputs[0], ("Mul",)) if cast else (None, [])
     multiplier = const_array(mul.inputs[1]) if mul else None
     if multiplier is None:  # the accumulator itself is wanted
         return Int8Layer(**layer), nodes
     axis = -1 if op == "matmul" else 1
-    nodes += [cast, mul]
+    nodes += between + [cast] + more + [mul]
     layer["multiplier"] = _channel_vector(multiplier, axis)
     last = mul
-    add = only_consumer(mul.outputs[0], ("Add",))
-    bias_value = next((v for v in add.inputs if v is not mul.outputs[0]), None) if add is not None else None
+    add, between = _next(mul.outputs[0], ("Add",))
+    read = between[-1].outputs[0] if between else mul.outputs[0]
+    bias_value = next((v for v in add.inputs if v is not read), None) if add is not None else None
     if bias_value is not None and const_array(bias_value) is not None:  # either side: Add commutes
         layer["bias"] = _channel_vector(const_array(bias_value), axis)
-        nodes.append(add)
+        nodes += between + [add]
         last = add
     post_ops = []
-    while (next_op := only_consumer(last.outputs[0], POST_OPS) or only_consumer(last.outputs[0], ("FakeQuantize",), "lpt")
-           ) is not None and (post_op := read_post_op(next_op, last.outputs[0])) is not None:
+    while True:
+        next_op, between = _next(last.outputs[0], POST_OPS)
+        if next_op is None:
+            next_op, between = _next(last.outputs[0], ("FakeQuantize",), "lpt")
+        read = between[-1].outputs[0] if between else last.outputs[0]
+        if next_op is None or (post_op := read_post_op(next_op, read)) is None:
+            break
         post_ops.append(post_op)
-        nodes.append(next_op)
+        nodes += between + [next_op]
         last = next_op
     layer["post_ops"] = tuple(post_ops)
-    if (destination := quantized_next(last.outputs[0])) is not None:
-        nodes.append(destination[0])
+    _, between = _next(last.outputs[0], ())
+    if (destination := quantized_next(between[-1].outputs[0] if between else last.outputs[0])) is not None:
+        nodes += between + [destination[0]]
         layer["destination"] = destination[1]
     return Int8Layer(**layer), nodes
+
+
+def _next(value: ir.Value, op_types: tuple[str, ...], domain: str = "") -> tuple[ir.Node | None, list[ir.Node]]:
+    """The one node reading `value` if it is one of `op_types` (only_consumer), looking past Identity
+    nodes alone in between (Paddle's exports leave them inside a layer's chain), and those Identities."""
+    identities = []
+    while (identity := only_consumer(value, ("Identity",))) is not None:
+        identities.append(identity)
+        value = identity.outputs[0]
+    return only_consumer(value, op_types, domain), identities
 
 
 def _channel_vector(array: np.ndarray, axis: int) -> np.ndarray:

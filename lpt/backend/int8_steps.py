@@ -156,7 +156,10 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     """(run, engine) for an Int8Layer on lpt's native engine, or (None, "") where it does not take the layer."""
     from lpt import native
 
-    if not native.available() or layer.multiplier is None or layer.op == "conv_transpose":
+    if not native.available() or layer.multiplier is None:
+        return None, ""
+    upsampling = _upsampling(layer) if layer.op == "conv_transpose" else None
+    if layer.op == "conv_transpose" and upsampling is None:
         return None, ""
     destination = layer.destination
     if destination is not None and not destination.is_per_tensor:
@@ -175,6 +178,8 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     if layer.weights is None:
         return _native_product(layer, stage, threads)
     stage.update(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point)
+    if upsampling is not None:
+        return _native_upsampling(layer, stage, tail, *upsampling)
     try:
         if layer.op == "conv":
             if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
@@ -201,6 +206,53 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
         return [operation(x)]
 
     run.instruction = operation.instruction  # for lpt.backend.native_program
+    return run, native.engine_name(operation.route)
+
+
+def _upsampling(layer: Int8Layer) -> tuple[int, int] | None:
+    """(kernel_h, kernel_w) of a 2-D ConvTranspose whose stride is its kernel, with no dilation, pads,
+    output padding or groups (a decoder's 2×2 upsampling), else None. Each output pixel then reads
+    exactly one input pixel: the layer is a matmul of every pixel's channels with the weights as
+    [C_in, C_out·kh·kw], its outputs laid out again as [C_out, H·kh, W·kw]."""
+    kernel = tuple(layer.weights.shape[2:]) if layer.weights is not None else ()
+    if len(kernel) != 2 or layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return None
+    plain = (tuple(layer.attribute("strides") or (1, 1)) == kernel and layer.attribute("group", 1) == 1
+             and all(d == 1 for d in layer.attribute("dilations") or (1, 1))
+             and not any(layer.attribute("pads") or ()) and not any(layer.attribute("output_padding") or ())
+             and layer.attribute("output_shape") is None)
+    return kernel if plain else None
+
+
+def _native_upsampling(layer: Int8Layer, stage: dict, tail, kernel_h: int, kernel_w: int):
+    """A ConvTranspose of _upsampling's kind on the native engine, as a matmul: the same integers, and the
+    output stage per column (each output channel's values repeated for its kh·kw taps)."""
+    from lpt import native
+
+    c_in, c_out = layer.weights.shape[:2]
+    taps = kernel_h * kernel_w
+
+    def per_column(values):
+        return None if values is None else np.repeat(np.broadcast_to(np.asarray(values).reshape(-1), (c_out,)), taps)
+
+    stage = dict(stage, multiplier=per_column(stage["multiplier"]), bias=per_column(stage["bias"]),
+                 weight_zero_point=per_column(stage["weight_zero_point"]))
+    try:
+        operation = native.MatMul(np.ascontiguousarray(layer.weights.reshape(c_in, c_out * taps)), **stage)
+    except native.Unsupported as why:
+        logger.debug("conv_transpose layer stays on lpt's kernels: %s", why)
+        return None, ""
+    destination = layer.destination
+
+    def run(x):
+        n, _, h, w = x.shape
+        out = operation(np.moveaxis(x, 1, -1).reshape(-1, c_in))  # [N·H·W, C_out·kh·kw]
+        out = out.reshape(n, h, w, c_out, kernel_h, kernel_w).transpose(0, 3, 1, 4, 2, 5)
+        out = np.ascontiguousarray(out).reshape(n, c_out, h * kernel_h, w * kernel_w)
+        for op in tail:
+            out = op.apply(out)
+        return [destination.quantize(out, in_place=True) if tail and destination is not None else out]
+
     return run, native.engine_name(operation.route)
 
 
