@@ -178,10 +178,10 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     if layer.weights is None:
         return _native_product(layer, stage, threads)
     stage.update(src_zero_point=int(layer.src_zero_point), weight_zero_point=layer.weight_zero_point)
-    if upsampling is not None:
-        return _native_upsampling(layer, stage, tail, *upsampling)
     try:
-        if layer.op == "conv":
+        if upsampling is not None:
+            operation = _NativeUpsampling(layer, stage, *upsampling)
+        elif layer.op == "conv":
             if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
                 return None, ""
             operation = native.Conv(layer.weights, groups=layer.attribute("group", 1),
@@ -205,7 +205,7 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     def run(x):
         return [operation(x)]
 
-    run.instruction = operation.instruction  # for lpt.backend.native_program
+    run.instruction = operation.instruction  # for lpt.backend.native_program (None: not a program's)
     return run, native.engine_name(operation.route)
 
 
@@ -224,36 +224,34 @@ def _upsampling(layer: Int8Layer) -> tuple[int, int] | None:
     return kernel if plain else None
 
 
-def _native_upsampling(layer: Int8Layer, stage: dict, tail, kernel_h: int, kernel_w: int):
-    """A ConvTranspose of _upsampling's kind on the native engine, as a matmul: the same integers, and the
-    output stage per column (each output channel's values repeated for its kh·kw taps)."""
-    from lpt import native
+class _NativeUpsampling:
+    """A ConvTranspose of _upsampling's kind on the native engine, called as a native operation is: a
+    matmul with the output stage per column (each output channel's for its kh·kw taps), then the layout."""
 
-    c_in, c_out = layer.weights.shape[:2]
-    taps = kernel_h * kernel_w
+    instruction = None  # a matmul and a layout: not one instruction of a native program
 
-    def per_column(values):
-        return None if values is None else np.repeat(np.broadcast_to(np.asarray(values).reshape(-1), (c_out,)), taps)
+    def __init__(self, layer: Int8Layer, stage: dict, kernel_h: int, kernel_w: int):
+        from lpt import native
 
-    stage = dict(stage, multiplier=per_column(stage["multiplier"]), bias=per_column(stage["bias"]),
-                 weight_zero_point=per_column(stage["weight_zero_point"]))
-    try:
-        operation = native.MatMul(np.ascontiguousarray(layer.weights.reshape(c_in, c_out * taps)), **stage)
-    except native.Unsupported as why:
-        logger.debug("conv_transpose layer stays on lpt's kernels: %s", why)
-        return None, ""
-    destination = layer.destination
+        self.c_in, self.c_out = layer.weights.shape[:2]
+        self.kernel = (kernel_h, kernel_w)
+        taps = kernel_h * kernel_w
 
-    def run(x):
+        def per_column(values):
+            return None if values is None else np.repeat(np.broadcast_to(np.asarray(values).reshape(-1), (self.c_out,)),
+                                                         taps)
+
+        stage = dict(stage, multiplier=per_column(stage["multiplier"]), bias=per_column(stage["bias"]),
+                     weight_zero_point=per_column(stage["weight_zero_point"]))
+        self.matmul = native.MatMul(np.ascontiguousarray(layer.weights.reshape(self.c_in, self.c_out * taps)), **stage)
+        self.route = self.matmul.route
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
         n, _, h, w = x.shape
-        out = operation(np.moveaxis(x, 1, -1).reshape(-1, c_in))  # [N·H·W, C_out·kh·kw]
-        out = out.reshape(n, h, w, c_out, kernel_h, kernel_w).transpose(0, 3, 1, 4, 2, 5)
-        out = np.ascontiguousarray(out).reshape(n, c_out, h * kernel_h, w * kernel_w)
-        for op in tail:
-            out = op.apply(out)
-        return [destination.quantize(out, in_place=True) if tail and destination is not None else out]
-
-    return run, native.engine_name(operation.route)
+        (kh, kw), c_out = self.kernel, self.c_out
+        out = self.matmul(np.moveaxis(x, 1, -1).reshape(-1, self.c_in))  # [N·H·W, C_out·kh·kw]
+        out = out.reshape(n, h, w, c_out, kh, kw).transpose(0, 3, 1, 4, 2, 5)
+        return np.ascontiguousarray(out).reshape(n, c_out, h * kh, w * kw)
 
 
 def accumulator_function(layer: Int8Layer, threads: int = 0):

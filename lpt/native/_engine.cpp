@@ -381,6 +381,8 @@ void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObj
     if (bias != Py_None) stage.bias = float_vector(bias, "bias");
     stage.post_ops = float_vector(post_ops, "post_ops");
     if (stage.post_ops.size() % 3) throw std::invalid_argument("post_ops must be (slope, low, high) triples");
+    if ((int64_t)stage.post_ops.size() / 3 > lpt_s16::MAX_POST_OPS)
+        throw std::invalid_argument("at most " + std::to_string(lpt_s16::MAX_POST_OPS) + " post-ops");
     const std::string d(dst);
     stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
     if (d != "f32" && d != "u8" && d != "s8") throw std::invalid_argument("dst must be 'f32', 'u8' or 's8'");

@@ -258,6 +258,9 @@ def _per_channel(value, channels: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(value, (channels,)))
 
 
+MAX_POST_OPS = 8  # lpt/native/s16.h: MAX_POST_OPS
+
+
 def _post_ops(post_ops) -> np.ndarray:
     """Relu, Clip and LeakyRelu as the engine's (slope, low, high) triples: x < 0 ? x·slope : x, then
     min(max(x, low), high). Relu is a clip with no upper bound, LeakyRelu a slope with no bounds."""
@@ -271,4 +274,6 @@ def _post_ops(post_ops) -> np.ndarray:
             triples.append((op.alpha, -np.inf, np.inf))
         else:
             raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip and LeakyRelu only)")
+    if len(triples) > MAX_POST_OPS:
+        raise Unsupported(f"{len(triples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
     return np.array(triples, np.float32).reshape(-1)

@@ -79,15 +79,14 @@ constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, ti
 
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
-    static constexpr int64_t MAX = 8;  // a chain has one or two; past MAX, stage() reads the rest as it goes
     int64_t count = 0;
-    bool leaky[MAX];
-    __m256 slope[MAX], low[MAX], high[MAX];
+    bool leaky[MAX_POST_OPS];
+    __m256 slope[MAX_POST_OPS], low[MAX_POST_OPS], high[MAX_POST_OPS];
 };
 
 __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilogue &e) {
     VectorPostOps v;
-    v.count = std::min(e.post_op_count, VectorPostOps::MAX);
+    v.count = e.post_op_count;
     for (int64_t k = 0; k < v.count; ++k) {
         const float *op = e.post_ops + 3 * k;
         v.leaky[k] = op[0] != 1.0f;
@@ -103,14 +102,11 @@ __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, co
                                                           __m256 multiplier, __m256 bias) {
     __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), multiplier);
     if (e.bias) x = _mm256_add_ps(x, bias);
-    for (int64_t k = 0; k < e.post_op_count; ++k) {
-        const bool leaky = k < ops.count ? ops.leaky[k] : e.post_ops[3 * k] != 1.0f;
-        const __m256 slope = k < ops.count ? ops.slope[k] : _mm256_set1_ps(e.post_ops[3 * k]),
-                     low = k < ops.count ? ops.low[k] : _mm256_set1_ps(e.post_ops[3 * k + 1]),
-                     high = k < ops.count ? ops.high[k] : _mm256_set1_ps(e.post_ops[3 * k + 2]);
-        if (leaky) x = _mm256_blendv_ps(x, _mm256_mul_ps(x, slope), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
-        x = _mm256_max_ps(low, x);   // x < low ? low : x
-        x = _mm256_min_ps(high, x);  // x > high ? high : x
+    for (int64_t k = 0; k < ops.count; ++k) {
+        if (ops.leaky[k])
+            x = _mm256_blendv_ps(x, _mm256_mul_ps(x, ops.slope[k]), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+        x = _mm256_max_ps(ops.low[k], x);   // x < low ? low : x
+        x = _mm256_min_ps(ops.high[k], x);  // x > high ? high : x
     }
     return x;
 }

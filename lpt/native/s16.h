@@ -70,11 +70,13 @@ void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, in
 // x = f32(acc)·multiplier[c] + bias[c], each post-op as a LeakyRelu slope then a clip, then for an 8-bit destination
 // saturate(rint(x / scale) + zero_point) in [qmin, qmax]. The arrays hold one value per output
 // channel, padded with zeros to a multiple of 16.
+constexpr int64_t MAX_POST_OPS = 8;  // a chain has one or two; the vector stage keeps them in registers
+
 struct Epilogue {
     enum Type { f32, u8, s8 } type = f32;
     const float *multiplier = nullptr, *bias = nullptr;  // bias may be null
     const float *post_ops = nullptr;                    // (slope, low, high) triples
-    int64_t post_op_count = 0;
+    int64_t post_op_count = 0;                          // at most MAX_POST_OPS
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;
 };
