@@ -21,6 +21,7 @@ import numpy as np
 
 from lpt.kernels.quantize import broadcast_along, integer_container, quantize, round_to_range
 from lpt.numerics import fake_quantize
+from lpt.numerics.sigmoid import sigmoid
 
 try:
     from lpt.kernels import _elementwise as _native
@@ -59,12 +60,10 @@ class LeakyRelu:
 
 @dataclass(frozen=True)
 class Sigmoid:
-    """x = 1 / (1 + exp(−x)) in f32."""
+    """x = 1 / (1 + exp(−x)) in f32, as lpt.numerics.sigmoid spells it (the native engine's to the bit)."""
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):  # exp(−x) = inf for x < −88.7: the result is 0, as it should be
-            np.exp(np.negative(x, out=x), out=x)
-            return np.divide(np.float32(1), np.add(np.float32(1), x, out=x), out=x)
+        return sigmoid(x)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: an ndarray field has no boolean ==

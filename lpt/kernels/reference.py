@@ -13,6 +13,7 @@ import numpy as np
 
 from lpt.kernels.output_stage import Clip, FakeQuantize, LeakyRelu, Relu, Sigmoid, Sum
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
+from lpt.numerics.sigmoid import sigmoid
 
 
 def conv_reference(src_q, weights_q, src_zero_point=0, weight_zero_point=0, groups=1,
@@ -74,8 +75,7 @@ def output_stage_reference(acc, multiplier, bias=None, post_ops=(), dst_scale=No
         elif isinstance(op, LeakyRelu):
             x = np.where(x < 0, x * np.float32(op.alpha), x)
         elif isinstance(op, Sigmoid):
-            with np.errstate(over="ignore"):
-                x = np.float32(1) / (np.float32(1) + np.exp(-x))
+            x = sigmoid(x)
         elif isinstance(op, Sum):
             x = x + np.asarray(op.other, dtype=np.float32)
         elif isinstance(op, FakeQuantize):

@@ -39,6 +39,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "integer_ops.h"
 #include "s16.h"
+#include "sigmoid.h"
 
 using namespace dnnl;
 using tag = memory::format_tag;
@@ -62,7 +63,8 @@ stream &thread_stream() {
 // ---------------------------------------------------------------- output stage
 //
 // x = f32(acc)·m[c]; x = x + bias[c]; each post-op: a LeakyRelu's x < 0 ? x·slope : x (where the
-// slope is not 1), then its clip as max then min; then, for an 8-bit destination, y = x / s_dst,
+// slope is not 1), then its clip as max then min, or lpt's Sigmoid (sigmoid.h); then, for an 8-bit
+// destination, y = x / s_dst,
 // clamped to [qmin − zp, qmax − zp], rounded half to even, + zp. Exactly lpt.kernels.output_stage
 // (and, for Relu and Clip, lpt/kernels/_elementwise.c's output_stage).
 
@@ -75,7 +77,7 @@ size_t item_size(Dst dst) { return dst == Dst::u8 || dst == Dst::s8 ? 1 : 4; }
 struct OutputStage {
     std::vector<float> multiplier;  // [C]
     std::vector<float> bias;        // [C] or empty
-    std::vector<float> post_ops;    // (slope, low, high) triples: x < 0 ? x·slope : x, then the clip
+    std::vector<float> post_ops;    // (kind, slope, low, high) each: lpt_s16::PostOp
     Dst dst = Dst::f32;
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;
@@ -103,8 +105,12 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
             const float *b = s.bias.data();
             for (int64_t c = 0; c < channels; ++c) x[c] = x[c] + b[c];
         }
-        for (size_t k = 0; k + 2 < s.post_ops.size(); k += 3) {
-            const float slope = s.post_ops[k], low = s.post_ops[k + 1], high = s.post_ops[k + 2];
+        for (size_t k = 0; k + 3 < s.post_ops.size(); k += lpt_s16::POST_OP_FIELDS) {
+            const float kind = s.post_ops[k], slope = s.post_ops[k + 1], low = s.post_ops[k + 2], high = s.post_ops[k + 3];
+            if (kind == lpt_s16::SIGMOID) {
+                for (int64_t c = 0; c < channels; ++c) x[c] = lpt_sigmoid::sigmoid(x[c]);
+                continue;
+            }
             if (slope != 1.0f)  // LeakyRelu
                 for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < 0.0f ? x[c] * slope : x[c];
             for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < low ? low : x[c];  // a NaN stays NaN
@@ -380,8 +386,12 @@ void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObj
     stage.multiplier = float_vector(multiplier, "multiplier");
     if (bias != Py_None) stage.bias = float_vector(bias, "bias");
     stage.post_ops = float_vector(post_ops, "post_ops");
-    if (stage.post_ops.size() % 3) throw std::invalid_argument("post_ops must be (slope, low, high) triples");
-    if ((int64_t)stage.post_ops.size() / 3 > lpt_s16::MAX_POST_OPS)
+    if (stage.post_ops.size() % lpt_s16::POST_OP_FIELDS)
+        throw std::invalid_argument("post_ops must be (kind, slope, low, high) quadruples");
+    for (size_t k = 0; k < stage.post_ops.size(); k += lpt_s16::POST_OP_FIELDS)
+        if (stage.post_ops[k] != lpt_s16::SLOPE_CLIP && stage.post_ops[k] != lpt_s16::SIGMOID)
+            throw std::invalid_argument("a post-op's kind must be 0 (slope and clip) or 1 (sigmoid)");
+    if ((int64_t)stage.post_ops.size() / lpt_s16::POST_OP_FIELDS > lpt_s16::MAX_POST_OPS)
         throw std::invalid_argument("at most " + std::to_string(lpt_s16::MAX_POST_OPS) + " post-ops");
     const std::string d(dst);
     stage.dst = d == "f32" ? Dst::f32 : d == "u8" ? Dst::u8 : d == "s8" ? Dst::s8 : Dst::s32;
@@ -443,7 +453,7 @@ void prepare_epilogue(Operation &op) {
         e.bias = op.padded_bias.data();
     }
     e.post_ops = s.post_ops.data();
-    e.post_op_count = (int64_t)s.post_ops.size() / 3;
+    e.post_op_count = (int64_t)s.post_ops.size() / lpt_s16::POST_OP_FIELDS;
     e.type = s.dst == Dst::u8 ? lpt_s16::Epilogue::u8 : s.dst == Dst::s8 ? lpt_s16::Epilogue::s8 : lpt_s16::Epilogue::f32;
     e.scale = s.scale;
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
@@ -461,7 +471,7 @@ const char CONV_DOC[] =
     "conv(weights, groups, strides, dilations, pads_begin, pads_end, src_zero_point, route, threads,\n"
     "     multiplier, bias, post_ops, dst, dst_scale, dst_zero_point, qmin, qmax) -> operation\n\n"
     "weights: int8 [OC, IC/groups, *kernel] (1 to 3 spatial axes); dilations as ONNX counts them (1 = none);\n"
-    "multiplier, bias: float32 [OC] (bias may be None); post_ops: float32 (slope, low, high) triples (LeakyRelu, then a clip); dst 'f32', 'u8', 's8'.";
+    "multiplier, bias: float32 [OC] (bias may be None); post_ops: float32 (kind, slope, low, high) quadruples (s16.h: PostOp); dst 'f32', 'u8', 's8'.";
 
 PyObject *py_conv(PyObject *, PyObject *args) {
     PyObject *weights, *shape_o, *strides_o, *dilations_o, *begin_o, *end_o, *multiplier, *bias, *post_ops;

@@ -2,13 +2,13 @@
 
 Both compute acc = Σ (q_src − zp_src)·q_wei in int32 (the padding of a convolution holds zp_src, so
 it adds nothing, as ONNX's ConvInteger), then lpt's output stage, in f32 and in this order:
-    x = f32(acc)·m[c];  x = x + bias[c];  Relu / Clip;  q = saturate(rint(x / s_dst) + zp_dst)
+    x = f32(acc)·m[c];  x = x + bias[c];  post-ops;  q = saturate(rint(x / s_dst) + zp_dst)
 (or x itself for an f32 destination), bit-identical to lpt.kernels.output_stage on every route.
 
 What stays on lpt's NumPy/MLAS path raises `Unsupported` at creation, with the reason: a weight
-zero point other than 0, uint8 weights, post-ops other than Relu and Clip (Sigmoid's exp would not
-be numpy's to the bit), a per-channel destination scale or zero point, a reduction longer than
-int32 holds for every input, or no native engine / no exact route on this machine.
+zero point other than 0, uint8 weights, post-ops other than Relu, Clip, LeakyRelu and Sigmoid, a
+per-channel destination scale or zero point, a reduction longer than int32 holds for every input,
+or no native engine / no exact route on this machine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from lpt.kernels.int8_gemm import MAX_REDUCTION
-from lpt.kernels.output_stage import Clip, LeakyRelu, Relu
+from lpt.kernels.output_stage import Clip, LeakyRelu, Relu, Sigmoid
 from lpt.kernels.quantize import integer_container
 from lpt.kernels.window import Window
 from lpt.native import routes
@@ -84,7 +84,7 @@ class Conv(_Operation):
 
     weights: int8 [OC, IC/groups, *kernel], 1 to 3 spatial axes; strides, dilations, pads as ONNX's
     Conv (pads [x1_begin, x2_begin, …, x1_end, x2_end], explicit); multiplier f32, one or one per
-    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu;
+    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu / Sigmoid;
     dst_scale None for an f32 destination, else the destination's scale and zero point, in
     dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
     [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
@@ -259,21 +259,25 @@ def _per_channel(value, channels: int, name: str) -> np.ndarray:
 
 
 MAX_POST_OPS = 8  # lpt/native/s16.h: MAX_POST_OPS
+_SLOPE_CLIP, _SIGMOID = 0.0, 1.0  # and its post-op kinds
 
 
 def _post_ops(post_ops) -> np.ndarray:
-    """Relu, Clip and LeakyRelu as the engine's (slope, low, high) triples: x < 0 ? x·slope : x, then
-    min(max(x, low), high). Relu is a clip with no upper bound, LeakyRelu a slope with no bounds."""
-    triples = []
+    """The post-ops as the engine's (kind, slope, low, high) quadruples (lpt/native/s16.h: PostOp): kind 0 is
+    x < 0 ? x·slope : x, then min(max(x, low), high), so Relu is a clip with no upper bound and LeakyRelu a
+    slope with no bounds; kind 1 is lpt's Sigmoid (lpt.numerics.sigmoid)."""
+    quadruples = []
     for op in post_ops:
         if isinstance(op, Relu):
-            triples.append((1.0, 0.0, np.inf))
+            quadruples.append((_SLOPE_CLIP, 1.0, 0.0, np.inf))
         elif isinstance(op, Clip):
-            triples.append((1.0, op.low, op.high))
+            quadruples.append((_SLOPE_CLIP, 1.0, op.low, op.high))
         elif isinstance(op, LeakyRelu):
-            triples.append((op.alpha, -np.inf, np.inf))
+            quadruples.append((_SLOPE_CLIP, op.alpha, -np.inf, np.inf))
+        elif isinstance(op, Sigmoid):
+            quadruples.append((_SIGMOID, 0.0, 0.0, 0.0))
         else:
-            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip and LeakyRelu only)")
-    if len(triples) > MAX_POST_OPS:
-        raise Unsupported(f"{len(triples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
-    return np.array(triples, np.float32).reshape(-1)
+            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu and Sigmoid only)")
+    if len(quadruples) > MAX_POST_OPS:
+        raise Unsupported(f"{len(quadruples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
+    return np.array(quadruples, np.float32).reshape(-1)

@@ -21,6 +21,7 @@
 // kernel, the outputs transformed back before the output stage.
 
 #include "s16.h"
+#include "sigmoid.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -80,7 +81,7 @@ constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, ti
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
     int64_t count = 0;
-    bool leaky[MAX_POST_OPS];
+    bool sigmoid[MAX_POST_OPS], leaky[MAX_POST_OPS];
     __m256 slope[MAX_POST_OPS], low[MAX_POST_OPS], high[MAX_POST_OPS];
 };
 
@@ -88,21 +89,46 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     VectorPostOps v;
     v.count = e.post_op_count;
     for (int64_t k = 0; k < v.count; ++k) {
-        const float *op = e.post_ops + 3 * k;
-        v.leaky[k] = op[0] != 1.0f;
-        v.slope[k] = _mm256_set1_ps(op[0]);
-        v.low[k] = _mm256_set1_ps(op[1]);
-        v.high[k] = _mm256_set1_ps(op[2]);
+        const float *op = e.post_ops + POST_OP_FIELDS * k;
+        v.sigmoid[k] = op[0] == SIGMOID;
+        v.leaky[k] = op[1] != 1.0f;
+        v.slope[k] = _mm256_set1_ps(op[1]);
+        v.low[k] = _mm256_set1_ps(op[2]);
+        v.high[k] = _mm256_set1_ps(op[3]);
     }
     return v;
 }
 
-// x = f32(acc)·multiplier + bias, then each post-op: a LeakyRelu's x < 0 ? x·slope : x, then its clip
+// lpt_sigmoid::sigmoid on eight lanes, the same float32 operations in the same order: max(t, LOW)
+// gives LOW for a NaN, as t >= LOW ? t : LOW does, and the NaN lanes take x at the end.
+__attribute__((target("avx2"))) inline __m256 sigmoid(__m256 x) {
+    using namespace lpt_sigmoid;
+    const __m256 round = _mm256_set1_ps(ROUND);
+    __m256 t = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+    t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(LOW)), _mm256_set1_ps(HIGH));
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(t, _mm256_set1_ps(LOG2E)), round), round);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(t, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
+    __m256 p = _mm256_set1_ps(P0);
+    for (const float c : {P1, P2, P3, P4, P5}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    const __m256 two_to_n = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one), two_to_n);
+    return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, or a LeakyRelu's x < 0 ? x·slope : x
+// then its clip
 __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, const VectorPostOps &ops, __m256i acc,
                                                           __m256 multiplier, __m256 bias) {
     __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), multiplier);
     if (e.bias) x = _mm256_add_ps(x, bias);
     for (int64_t k = 0; k < ops.count; ++k) {
+        if (ops.sigmoid[k]) {
+            x = sigmoid(x);
+            continue;
+        }
         if (ops.leaky[k])
             x = _mm256_blendv_ps(x, _mm256_mul_ps(x, ops.slope[k]), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
         x = _mm256_max_ps(ops.low[k], x);   // x < low ? low : x

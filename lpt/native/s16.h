@@ -67,15 +67,20 @@ void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, in
                int32_t *acc, int threads);
 
 // The output stage of lpt/native/_engine.cpp (and lpt.kernels.output_stage), as numbers:
-// x = f32(acc)·multiplier[c] + bias[c], each post-op as a LeakyRelu slope then a clip, then for an 8-bit destination
+// x = f32(acc)·multiplier[c] + bias[c], each post-op in turn, then for an 8-bit destination
 // saturate(rint(x / scale) + zero_point) in [qmin, qmax]. The arrays hold one value per output
 // channel, padded with zeros to a multiple of 16.
 constexpr int64_t MAX_POST_OPS = 8;  // a chain has one or two; the vector stage keeps them in registers
+// A post-op is four floats (kind, slope, low, high). SLOPE_CLIP: x < 0 ? x·slope : x (a LeakyRelu,
+// where the slope is not 1), then min(max(x, low), high) (Relu, Clip); SIGMOID: lpt's Sigmoid
+// (sigmoid.h), the other three unused.
+constexpr int64_t POST_OP_FIELDS = 4;
+constexpr float SLOPE_CLIP = 0.0f, SIGMOID = 1.0f;
 
 struct Epilogue {
     enum Type { f32, u8, s8 } type = f32;
     const float *multiplier = nullptr, *bias = nullptr;  // bias may be null
-    const float *post_ops = nullptr;                    // (slope, low, high) triples
+    const float *post_ops = nullptr;                    // POST_OP_FIELDS floats each
     int64_t post_op_count = 0;                          // at most MAX_POST_OPS
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, LeakyRelu, Relu
+from lpt.kernels import Clip, LeakyRelu, Relu, Sigmoid
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.reference import conv_reference, output_stage_reference
 
@@ -85,7 +85,7 @@ DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
 
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=conv_cases(), destination=st.sampled_from(DESTINATIONS), per_channel=st.booleans(),
-       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2)]),
+       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2), Sigmoid()]),
                                                    max_size=2))
 @settings(max_examples=40, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, destination, per_channel, bias, post_ops):
@@ -133,3 +133,19 @@ def test_runs_again_on_another_shape_and_keeps_the_first():
         src = np.arange(3 * length, dtype=np.uint8).reshape(1, 3, length)
         assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 5, strides=[2], pads=[3, 1]))
     assert conv.implementation  # the oneDNN kernel's name, e.g. jit_uni_int8:avx2
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_sigmoid_head_in_both_layouts(route):
+    """A detector's probability map: Conv → Sigmoid in f32. Channels-first outputs take the engine's scalar
+    stage and channels-last ones its eight-lane stage on every route: both give lpt's NumPy Sigmoid's bits."""
+    rng = np.random.default_rng(11)
+    weights = rng.integers(-128, 128, (24, 5, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (2, 5, 9, 7)).astype(np.uint8)
+    multiplier, bias = np.float32(2e-3), rng.normal(0, 4, 24).astype(np.float32)
+    conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, multiplier=multiplier, bias=bias,
+                           post_ops=(Sigmoid(),), route=route, threads=2)
+    acc = conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32)
+    expected = output_stage(acc, multiplier, bias, (Sigmoid(),))
+    assert same_bits(conv(src), expected)
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, LeakyRelu, Relu
+from lpt.kernels import Clip, LeakyRelu, Relu, Sigmoid
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.matmul import matmul_accumulate
 from lpt.kernels.reference import matmul_reference
@@ -46,7 +46,7 @@ def test_accumulators_equal_the_reference(route, case):
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=matmul_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2)]), max_size=2))
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid()]), max_size=2))
 @settings(max_examples=30, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bias, destination, post_ops):
     src, weights, zero_point, rng = case
@@ -94,7 +94,7 @@ def product_cases(draw):
 
 @given(case=product_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2)]), max_size=2),
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid()]), max_size=2),
        threads=st.sampled_from([1, 2]))
 @settings(max_examples=60, deadline=None)
 def test_a_product_of_two_activations_equals_lpts_kernels(case, per_column, bias, destination, post_ops, threads):
@@ -142,3 +142,25 @@ def test_levels_on_and_next_to_halves_round_as_lpts_numpy_output_stage(route, ds
     expected = output_stage(acc[:, None] * np.ones(steps.size, np.int32), multiplier, None, (), scale, zero_point,
                             int(info.min), int(info.max), axis=-1)
     assert got.dtype == dst_dtype and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("rows", [1, 19])  # less than a tile of s16, and whole tiles with a remainder
+def test_sigmoid_in_the_output_stage_is_lpts_numpy_sigmoid_over_the_float_range(route, rows):
+    """x = acc·m + bias over float32 from 1e−30 to beyond overflow, both signs, ±0, ±inf and NaN: the
+    engine's Sigmoid (scalar and eight lanes) gives the bits of lpt.numerics.sigmoid, and with a destination
+    the same levels."""
+    rng = np.random.default_rng(3)
+    magnitudes = np.float32(10.0) ** np.linspace(-30, 3, 63, dtype=np.float32)
+    bias = np.concatenate([magnitudes, -magnitudes, np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 86.5, -87.5])])
+    multiplier = np.where(rng.random(bias.size) < 0.5, np.float32(0.0), rng.uniform(1e-3, 0.2, bias.size)).astype(np.float32)
+    weights = np.ones((1, bias.size), np.int8)
+    src = rng.integers(0, 256, (rows, 1)).astype(np.uint8)
+    acc = (src.astype(np.int32) - 128) * np.ones(bias.size, np.int32)
+    for destination in [dict(), dict(dst_scale=np.float32(1 / 255), dst_zero_point=0, dst_dtype=np.uint8)]:
+        matmul = lpt.native.MatMul(weights, src_zero_point=128, multiplier=multiplier, bias=bias, post_ops=(Sigmoid(),),
+                                   route=route, threads=1, **destination)
+        expected = output_stage(acc, multiplier, bias, (Sigmoid(),), destination.get("dst_scale"), np.int32(0), 0, 255,
+                                axis=-1)
+        got = matmul(src)
+        assert got.dtype == expected.dtype and np.array_equal(got.view(np.uint8), expected.view(np.uint8))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import lpt.native
-from lpt.kernels import Relu, Sigmoid
+from lpt.kernels import Relu, Sum
 from lpt.native import routes
 
 
@@ -71,8 +71,8 @@ def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
     pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), weight_zero_point=3), "weight zero point",
                  id="weight-zero-point"),
     pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.uint8)), "uint8 weights", id="uint8-weights"),
-    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), post_ops=(Relu(), Sigmoid())),
-                 "post-op Sigmoid", id="sigmoid"),
+    pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), post_ops=(Relu(), Sum(np.ones(2, np.float32)))),
+                 "post-op Sum", id="sum"),
     pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), dst_scale=np.array([0.1, 0.2])),
                  "per-channel destination", id="per-channel-destination"),
     pytest.param(lambda: lpt.native.MatMul(np.ones((70000, 2), np.int8)), "overflow int32", id="long-reduction"),
