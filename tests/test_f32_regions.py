@@ -187,3 +187,35 @@ def test_an_op_no_runtime_knows_is_named():
     lpt.transform(m)
     with pytest.raises(lpt.ModelError, match=r"no runtime lpt uses has the op example.custom::Frobnicate"):
         compile_model(m)
+
+
+def test_float_ops_between_int8_layers_are_lpts_and_keep_one_native_program():
+    """A HardSwish on the model's input stays onnxruntime's; the HardSwish, average pool, squeeze-excite
+    scale and concat between two int8 layers are lpt's float32 steps, and with the native engine the
+    layers and those ops run as one program, with the bits of lpt's kernels and close to onnxruntime."""
+    import lpt.native
+    from lpt.backend.float_steps import BACKEND
+    from lpt.backend.native_program import ENGINE
+
+    g = Graph()
+    first = g.op("Conv", [g.fq(g.op("HardSwish", ["x"]), 0.02, np.uint8(128)), g.weight((8, 3, 3, 3)),
+                          g.const(np.ones(8, np.float32))], pads=[1, 1, 1, 1])
+    swish = g.op("HardSwish", [first])
+    gate = g.op("Sigmoid", [g.op("Conv", [g.fq(g.op("GlobalAveragePool", [swish]), 0.05, np.uint8(0)),
+                                          g.weight((8, 8, 1, 1))])])
+    scaled = g.op("Concat", [g.op("Mul", [swish, gate]), first], axis=1)
+    pooled = g.op("AveragePool", [scaled], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    g.op("Conv", [g.fq(pooled, 0.05, np.uint8(100)), g.weight((4, 16, 1, 1))], name="y")
+    _, fq_model = g.build({"x": [2, 3, 8, 8]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("HardSwish",)]
+    assert {s.op_types[0] for s in plan.steps if s.backend == BACKEND} == {
+        "HardSwish", "GlobalAveragePool", "Mul", "Concat", "AveragePool"}
+    x = RNG.uniform(-3, 3, (2, 3, 8, 8)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(int8, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+    if lpt.native.available():
+        assert [s.engine for s in plan.run_steps] == ["", ENGINE]

@@ -14,13 +14,12 @@
     Add|Mul|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
                                                       argument scaling: each branch dequantized
                                                       with its own scale, joined, requantized
-                                                      (Add|Mul without a quantize: to f32);
-    GlobalAveragePool on f32 after an int8 step       the mean in a fixed order (kernels.pooling).
+                                                      (Add|Mul without a quantize: to f32).
+The float32 ops between such steps are lpt.backend.float_steps'.
 
 Every step computes the same f32 operations, in the same order, as the ONNX nodes it replaces,
 so a plan and onnxruntime running the same int8 graph agree bit for bit (see the tests) — except
-the integer average, which rounds once where the graph rounds twice (at most 1 LSB apart), and the
-f32 global average, which adds in its own order (the last bits of an f32 value).
+the integer average, which rounds once where the graph rounds twice (at most 1 LSB apart).
 """
 
 from __future__ import annotations
@@ -47,10 +46,10 @@ logger = logging.getLogger(__name__)
 
 
 def _step(run, inputs, nodes, outputs=None, layer: Int8Layer | None = None, engine: str = "",
-          native: tuple | None = None) -> tuple[Step, list[ir.Node]]:
+          native: tuple | None = None, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]]:
     outputs = outputs or [nodes[-1].outputs[0]]
     return (Step(run, tuple(v.name for v in inputs), tuple(v.name for v in outputs), tuple(n.name for n in nodes),
-                 tuple(n.op_type for n in nodes), "int8 kernel", layer, engine, native), nodes)
+                 tuple(n.op_type for n in nodes), backend, layer, engine, native), nodes)
 
 
 def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
@@ -135,16 +134,6 @@ def try_join_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
                                     quantization.qmin, quantization.qmax, quantization.qmin < 0)
         instruction = ("join", (node.op_type == "Mul", shift1, scale1, shift2, scale2, relu is not None, to))
     return _step(run, [dq.data for dq in branches], nodes, native=instruction)
-
-
-def try_mean_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
-    """GlobalAveragePool on float32, in the order lpt's kernel and native engine add (kernels.global_average_pool).
-
-    The plan takes it only after an int8 step (a join to float32, say), so that a network's tail
-    stays in one native program instead of crossing into onnxruntime for one node."""
-    if node.op_type != "GlobalAveragePool" or node.domain not in ("", "ai.onnx") or node.inputs[0].dtype != ir.DataType.FLOAT:
-        return None
-    return _step(lambda x: [kernels.global_average_pool(x)], [node.inputs[0]], [node], native=("mean", None))
 
 
 def _runtime_inputs(node: ir.Node, layer: Int8Layer) -> list[ir.Value]:

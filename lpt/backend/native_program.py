@@ -3,7 +3,8 @@
 Each step of a plan is a Python call, and between two int8 layers of a small model Python costs
 more than the layers (digits_cnn: about 0.03 ms per step against a few microseconds of work).
 Every maximal run of at least two steps that have a native instruction (Step.native: int8 layers
-on the native engine, quantizes, joins, max pools, flattens, means, products) becomes one step that
+on the native engine, quantizes, joins, max pools, flattens, products, and the float32 ops between
+layers of lpt.backend.float_steps) becomes one step that
 runs them in one call, on buffers the engine keeps between runs; so does a lone quantize, join,
 max pool or mean, which the engine computes faster than its step does.
 

@@ -19,7 +19,8 @@ import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
 from lpt.backend import native_program
-from lpt.backend.int8_steps import try_int8_step, try_join_step, try_mean_step
+from lpt.backend.float_steps import try_float_step
+from lpt.backend.int8_steps import try_int8_step, try_join_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
@@ -111,7 +112,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     says what saturated.
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
-    over both branches; then every other node in order. What no int8 step claims stays in f32,
+    over both branches; then every other node in order, and the float32 ops between int8 steps
+    (lpt.backend.float_steps). What no step claims stays in f32,
     and the steps are ordered (`_schedule`) so that f32 nodes run in as few regions as possible.
     """
     from lpt.model_io import used_domains
@@ -142,9 +144,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
-        producer = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-        if fused is None and producer is not None and id(producer) in claimed:
-            fused = try_mean_step(node)
+        if fused is None and _between_int8_steps(node, claimed, constants):
+            fused = try_float_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
         else:
@@ -165,6 +166,13 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants, run_steps)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))
     return plan
+
+
+def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict) -> bool:
+    """Whether lpt's steps make every tensor `node` reads at run time (so a float32 op there keeps the
+    native program whole, lpt.backend.float_steps), and it reads one at least."""
+    runtime = [v for v in node.inputs if v is not None and v.name not in constants]
+    return bool(runtime) and all(v.producer() is not None and id(v.producer()) in claimed for v in runtime)
 
 
 def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32_nodes: list[ir.Node]) -> list:

@@ -872,13 +872,14 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // ---------------------------------------------------------------- programs
 //
 // A program runs a sequence of a plan's steps in one call (lpt/native/program.py builds it): int8
-// layers (prepared operations), quantize, max pool, joins and flattens, on buffers it owns between
+// layers (prepared operations), quantize, max pool, joins and flattens, and the float32 ops between
+// layers (lpt.kernels.float_ops: average pool, HardSwish, a product or sum, concat), on buffers it owns between
 // runs, so Python is not entered between steps. Every instruction computes what lpt's step does,
 // bit for bit (integer_ops.h, and execute() above). Convolutions leave their outputs channels-last,
 // the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
 // the program's outputs see channels-first values, as the steps do.
 
-enum class Code { quantize, layer, max_pool, join, flatten, mean, product };
+enum class Code { quantize, layer, max_pool, join, flatten, mean, product, average_pool, hard_swish, binary, concat };
 
 struct Instruction {
     Code code;
@@ -887,8 +888,9 @@ struct Instruction {
     Operation *operation = nullptr;  // layer
     Product *product = nullptr;      // product
     PyObject *capsule = nullptr;     // layer, product: a reference that keeps `operation` or `product` alive
-    lpt_ops::Pool pool{};            // max_pool
-    bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
+    lpt_ops::Pool pool{};            // max_pool, average_pool
+    bool multiply = false, relu = false, signed_out = false;  // join, binary; quantize: the output's type
+    bool count_include_pad = false;  // average_pool
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
@@ -1084,6 +1086,88 @@ void step(Program &program, const Instruction &ins) {
                                        a.transposed(), static_cast<float *>(o), program.threads);
             break;
         }
+        case Code::average_pool: {
+            if (a.type != 'f' || a.dims.size() != 4) throw Unsupported("an average pool of other than float32 [N, C, H, W]");
+            const float *in = static_cast<const float *>(a.data);
+            if (a.transposed()) {
+                program.scratch.resize(a.count() * sizeof(float));
+                a.channels_first_into(program.scratch.data(), program.threads);
+                in = reinterpret_cast<const float *>(program.scratch.data());
+            }
+            const int64_t h = a.dims[2], w = a.dims[3];
+            out.dims = {a.dims[0], a.dims[1], ins.pool.out_h(h), ins.pool.out_w(w)};
+            lpt_ops::average_pool(in, a.dims[0] * a.dims[1], h, w, ins.pool, ins.count_include_pad,
+                                  static_cast<float *>(out.allocate('f', out.count())), program.threads);
+            break;
+        }
+        case Code::hard_swish: {
+            if (a.type != 'f') throw Unsupported("a HardSwish of integers");
+            out.dims = a.dims;
+            out.channels_last = a.channels_last;
+            lpt_ops::hard_swish(static_cast<const float *>(a.data), a.count(),
+                                static_cast<float *>(out.allocate('f', a.count())), program.threads);
+            break;
+        }
+        case Code::binary: {
+            const Slot &b = slots[ins.in[1]];
+            if (a.type != 'f' || b.type != 'f') throw Unsupported("a product or sum of other than float32 tensors");
+            // the larger operand first: both orders compute the same (· and + commute in float32)
+            const bool swap = b.count() > a.count();
+            const Slot &big = swap ? b : a, &small = swap ? a : b;
+            out.dims = big.dims;
+            float *o = static_cast<float *>(out.allocate('f', big.count()));
+            if (big.dims == small.dims) {
+                out.channels_last = big.transposed();
+                const void *other = small.data;  // in big's layout
+                if (small.transposed() != big.transposed()) {
+                    program.scratch.resize(small.count() * sizeof(float));
+                    if (big.transposed()) small.channels_last_into(program.scratch.data(), program.threads);
+                    else small.channels_first_into(program.scratch.data(), program.threads);
+                    other = program.scratch.data();
+                }
+                lpt_ops::binary(ins.multiply, static_cast<const float *>(big.data), static_cast<const float *>(other),
+                                1, 0, big.count(), false, o, program.threads);
+            } else {
+                // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial]: a squeeze-excite's scale
+                if (big.dims.size() < 3 || small.dims.size() != big.dims.size() || small.dims[0] != big.dims[0] ||
+                    small.dims[1] != big.dims[1] || small.positions() != 1)
+                    throw Unsupported("a product or sum that broadcasts other than one value per channel");
+                out.channels_last = big.transposed();
+                lpt_ops::binary(ins.multiply, static_cast<const float *>(big.data), static_cast<const float *>(small.data),
+                                big.dims[0], big.dims[1], big.positions(), big.transposed(), o, program.threads);
+            }
+            break;
+        }
+        case Code::concat: {  // along the channels, channels-first
+            int64_t channels = 0;
+            for (int slot : ins.in) {
+                const Slot &part = slots[slot];
+                if (part.type != a.type || part.dims.size() != a.dims.size() || part.dims.size() < 2 ||
+                    part.dims[0] != a.dims[0] || !std::equal(part.dims.begin() + 2, part.dims.end(), a.dims.begin() + 2))
+                    throw Unsupported("a concatenation of other than one type and shape but for the channels");
+                channels += part.dims[1];
+            }
+            out.dims = a.dims;
+            out.dims[1] = channels;
+            const int64_t images = a.dims[0], item = a.item(), plane = a.positions() * item;
+            char *o = static_cast<char *>(out.allocate(a.type, out.count()));
+            int64_t offset = 0;  // bytes into each output image
+            for (int slot : ins.in) {
+                const Slot &part = slots[slot];
+                const char *values = static_cast<const char *>(part.data);
+                std::vector<unsigned char> order;
+                if (part.transposed()) {
+                    order.resize(part.count() * item);
+                    part.channels_first_into(order.data(), program.threads);
+                    values = reinterpret_cast<const char *>(order.data());
+                }
+                const int64_t bytes = part.dims[1] * plane;
+                for (int64_t n = 0; n < images; ++n)
+                    std::memcpy(o + n * channels * plane + offset, values + n * bytes, bytes);
+                offset += bytes;
+            }
+            break;
+        }
         case Code::flatten: {
             const int64_t axis = ins.axis < 0 ? ins.axis + (int64_t)a.dims.size() : ins.axis;
             if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
@@ -1167,6 +1251,25 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 parsed = PyArg_ParseTuple(extra, "(LL)(LL)(LL)(LLLL)", &p.kernel_h, &p.kernel_w, &p.stride_h, &p.stride_w,
                                           &p.dilation_h, &p.dilation_w, &p.pad_top, &p.pad_left, &p.pad_bottom,
                                           &p.pad_right);
+            } else if (k == "average_pool") {  // ((kh, kw), (sh, sw), (top, left, bottom, right), count_include_pad)
+                int count_include_pad;
+                ins.code = Code::average_pool;
+                lpt_ops::Pool &p = ins.pool;
+                p.dilation_h = p.dilation_w = 1;
+                parsed = PyArg_ParseTuple(extra, "(LL)(LL)(LLLL)p", &p.kernel_h, &p.kernel_w, &p.stride_h, &p.stride_w,
+                                          &p.pad_top, &p.pad_left, &p.pad_bottom, &p.pad_right, &count_include_pad);
+                ins.count_include_pad = count_include_pad;
+            } else if (k == "hard_swish") {
+                ins.code = Code::hard_swish;
+            } else if (k == "binary") {  // "mul" or "add"
+                ins.code = Code::binary;
+                const char *which = PyUnicode_AsUTF8(extra);
+                parsed = which != nullptr;
+                if (parsed && std::string(which) != "mul" && std::string(which) != "add")
+                    throw std::invalid_argument("a binary instruction is 'mul' or 'add'");
+                ins.multiply = parsed && std::string(which) == "mul";
+            } else if (k == "concat") {
+                ins.code = Code::concat;
             } else if (k == "flatten") {
                 ins.code = Code::flatten;
                 ins.axis = PyLong_AsLongLong(extra);
@@ -1177,8 +1280,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             if (!parsed) return nullptr;
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
-            const size_t reads = ins.code == Code::join || ins.code == Code::product ? 2 : 1;
-            if (ins.out < 0 || ins.out >= slot_count || ins.in.size() != reads)
+            const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
+            const bool fits = ins.code == Code::concat ? !ins.in.empty() : ins.in.size() == reads;
+            if (ins.out < 0 || ins.out >= slot_count || !fits)
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));
         }

@@ -8,8 +8,11 @@
 
 Instructions (the `native` descriptions lpt.backend.int8_steps gives its steps): "layer" (a
 prepared lpt.native Conv or MatMul), "quantize" (scale, zero point, qmin, qmax, signed),
-"join" (an Add or Mul of two dequantized 8-bit tensors, Relu, quantize), "max_pool" (2-D) and
-"flatten" (axis). Each computes what the step computes in Python, bit for bit. Where an
+"join" (an Add or Mul of two dequantized 8-bit tensors, Relu, quantize), "max_pool" (2-D),
+"flatten" (axis), "product" (a prepared lpt.native Product), and on float32 "mean" (a global
+average), "average_pool" (kernel, strides, pads, count_include_pad), "hard_swish", "binary" ("mul"
+or "add": the same shapes, or one value per channel) and "concat" (the channels, any number of
+inputs). Each computes what the step computes in Python, bit for bit. Where an
 instruction meets what it does not take (a float tensor where it expects integers, joins of
 different shapes), the call raises `Unsupported` and nothing is returned: the caller runs the
 steps one by one instead.

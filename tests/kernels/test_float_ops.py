@@ -1,0 +1,40 @@
+"""lpt.kernels.float_ops against onnxruntime: the float32 ops between int8 layers, where lpt defines the order.
+
+Measured with onnxruntime 1.32: HardSwish and the average pools listed in kernels.float_ops give the
+same bits; these tests allow the last bits, so that another order of additions in a later onnxruntime
+does not fail them (lpt's order is pinned by the native engine's tests, tests/native/test_native_float_ops.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from lpt.kernels import average_pool, hard_swish
+
+
+def onnxruntime(node, x: np.ndarray) -> np.ndarray:
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_hard_swish_is_onnxruntimes():
+    x = np.concatenate([np.random.default_rng(0).normal(0, 4, 200_000), np.linspace(-4, 4, 80_001)]).astype(np.float32)
+    np.testing.assert_array_max_ulp(hard_swish(x), onnxruntime(helper.make_node("HardSwish", ["x"], ["y"]), x), maxulp=1)
+
+
+@pytest.mark.parametrize("kernel, stride, pads", [
+    (2, 2, (0, 0, 0, 0)), (3, 1, (1, 1, 1, 1)), (3, 2, (1, 1, 1, 1)), (3, 2, (0, 1, 1, 0)), (5, 1, (2, 2, 2, 2)),
+    (3, 3, (0, 0, 0, 0)),  # onnxruntime 1.32 adds row by row here
+])
+@pytest.mark.parametrize("include_pad", [False, True])
+def test_average_pool_is_onnxruntimes_but_for_the_order_of_additions(kernel, stride, pads, include_pad):
+    x = np.random.default_rng(kernel * 10 + stride).normal(0, 1, (2, 8, 13, 11)).astype(np.float32)
+    theirs = onnxruntime(helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
+                                          pads=list(pads), count_include_pad=int(include_pad)), x)
+    ours = average_pool(x, (kernel, kernel), (stride, stride), pads, include_pad)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,112 @@
+"""The float32 instructions of native programs (average pool, HardSwish, product and sum, concat) against
+lpt.kernels.float_ops and numpy, bit for bit, on channels-first inputs and on a convolution's
+channels-last outputs, which the engine keeps in that layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lpt.native
+from lpt.kernels import average_pool, hard_swish
+from lpt.native import Unsupported
+from lpt.native.program import Program
+
+SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30])
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
+
+def source(rng, shape, layout, special=False):
+    """(program instructions that make "x", its inputs, the f32 values "x" holds): the values themselves
+    (channels-first), or a 1×1 convolution's f32 output (the engine leaves it channels-last)."""
+    if layout == "channels_first":
+        x = rng.normal(0, 3, shape).astype(np.float32)
+        if special:
+            x.reshape(-1)[:SPECIAL.size] = SPECIAL[: x.size]
+        return [], {"x": x}, x
+    weights = rng.integers(-128, 128, (shape[1], shape[1], 1, 1)).astype(np.int8)
+    conv = lpt.native.Conv(weights, src_zero_point=128, multiplier=np.float32(0.003), threads=1)
+    q = rng.integers(0, 256, shape).astype(np.uint8)
+    return [("layer", ["q"], "x", conv.instruction[1])], {"q": q}, conv(q)
+
+
+def run(rng, shape, layout, instruction, special=False):
+    make, feeds, x = source(rng, shape, layout, special)
+    program = Program(make + [instruction], list(feeds), ["y"], threads=2)
+    [y] = program(*feeds.values())
+    return y, x
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last"]),
+       kernel=st.tuples(st.integers(1, 4), st.integers(1, 4)), strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       pad_fraction=st.tuples(*[st.integers(0, 3)] * 4), include_pad=st.booleans(), special=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_average_pool_is_lpts(seed, layout, kernel, strides, pad_fraction, include_pad, special):
+    rng = np.random.default_rng(seed)
+    pads = tuple(min(p, kernel[i % 2] - 1) for i, p in enumerate(pad_fraction))  # ONNX: a pad smaller than the window
+    shape = (2, 3, kernel[0] + int(rng.integers(0, 9)), kernel[1] + int(rng.integers(0, 9)))
+    parameters = (kernel, strides, pads, include_pad)
+    y, x = run(rng, shape, layout, ("average_pool", ["x"], "y", parameters), special)
+    assert same_bits(y, average_pool(x, kernel, strides, pads, include_pad))
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last"]))
+@settings(max_examples=20, deadline=None)
+def test_hard_swish_is_lpts(seed, layout):
+    rng = np.random.default_rng(seed)
+    y, x = run(rng, (2, 5, 6, 7), layout, ("hard_swish", ["x"], "y", None), special=True)
+    assert same_bits(np.ascontiguousarray(y), hard_swish(x))
+
+
+@given(seed=st.integers(0, 2**32 - 1), multiply=st.booleans(), layouts=st.tuples(
+    st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
+       per_channel=st.booleans(), swapped=st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_a_product_or_sum_of_two_tensors_is_numpys(seed, multiply, layouts, per_channel, swapped):
+    """The same shape in either layout, or a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W] (either side)."""
+    rng = np.random.default_rng(seed)
+    make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
+    if per_channel:
+        b = rng.normal(0, 2, (2, 6, 1, 1)).astype(np.float32)
+        make_b, feeds_b = [], {"b": b}
+    else:
+        make_b, feeds_b, b = source(rng, (2, 6, 5, 4), layouts[1])
+        make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
+        feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
+    operands = ["b", "x"] if swapped else ["x", "b"]
+    program = Program(make_a + make_b + [("binary", operands, "y", "mul" if multiply else "add")],
+                      list(feeds_a) + list(feeds_b), ["y"], threads=2)
+    [y] = program(*feeds_a.values(), *feeds_b.values())
+    assert same_bits(y, a * b if multiply else a + b)
+
+
+@pytest.mark.parametrize("layouts", [("channels_first", "channels_last"), ("channels_last", "channels_first"),
+                                     ("channels_last", "channels_last")])
+def test_a_concatenation_of_the_channels_is_numpys(layouts):
+    rng = np.random.default_rng(4)
+    make_a, feeds_a, a = source(rng, (2, 3, 4, 5), layouts[0])
+    make_b, feeds_b, b = source(rng, (2, 6, 4, 5), layouts[1])
+    make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
+    feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
+    program = Program(make_a + make_b + [("concat", ["x", "b", "x"], "y", None)], list(feeds_a) + list(feeds_b),
+                      ["y"], threads=1)
+    [y] = program(*feeds_a.values(), *feeds_b.values())
+    assert same_bits(y, np.concatenate([a, b, a], axis=1))
+
+
+def test_what_the_float_instructions_do_not_take_gives_way_to_the_steps():
+    program = Program([("binary", ["a", "b"], "y", "mul")], ["a", "b"], ["y"], threads=1)
+    with pytest.raises(Unsupported, match="broadcasts"):
+        program(np.ones((2, 3, 4, 4), np.float32), np.ones((1, 3, 1, 1), np.float32))
+    pool = Program([("average_pool", ["x"], "y", ((2, 2), (2, 2), (0, 0, 0, 0), False))], ["x"], ["y"], threads=1)
+    with pytest.raises(Unsupported, match="average pool"):
+        pool(np.ones((1, 3, 4, 4), np.uint8))
+    concat = Program([("concat", ["a", "b"], "y", None)], ["a", "b"], ["y"], threads=1)
+    with pytest.raises(Unsupported, match="concatenation"):
+        concat(np.ones((1, 3, 4, 4), np.float32), np.ones((1, 3, 4, 5), np.float32))
