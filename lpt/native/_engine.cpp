@@ -1089,15 +1089,16 @@ void step(Program &program, const Instruction &ins) {
         case Code::average_pool: {
             if (a.type != 'f' || a.dims.size() != 4) throw Unsupported("an average pool of other than float32 [N, C, H, W]");
             const float *in = static_cast<const float *>(a.data);
-            if (a.transposed()) {
-                program.scratch.resize(a.count() * sizeof(float));
-                a.channels_first_into(program.scratch.data(), program.threads);
-                in = reinterpret_cast<const float *>(program.scratch.data());
-            }
             const int64_t h = a.dims[2], w = a.dims[3];
             out.dims = {a.dims[0], a.dims[1], ins.pool.out_h(h), ins.pool.out_w(w)};
-            lpt_ops::average_pool(in, a.dims[0] * a.dims[1], h, w, ins.pool, ins.count_include_pad,
-                                  static_cast<float *>(out.allocate('f', out.count())), program.threads);
+            float *o = static_cast<float *>(out.allocate('f', out.count()));
+            out.channels_last = a.transposed();
+            if (out.channels_last)
+                lpt_ops::average_pool_channels_last(in, a.dims[0], a.dims[1], h, w, ins.pool, ins.count_include_pad, o,
+                                                    program.threads);
+            else
+                lpt_ops::average_pool(in, a.dims[0] * a.dims[1], h, w, ins.pool, ins.count_include_pad, o,
+                                      program.threads);
             break;
         }
         case Code::hard_swish: {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace lpt_ops {
 namespace {
@@ -213,6 +214,43 @@ void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const 
                 }
                 o[y * ow + x] = total / (count_include_pad ? area : count);
             }
+    }
+}
+
+void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
+                                const Pool &p, bool count_include_pad, float *out, int threads) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+    const float area = (float)(p.kernel_h * p.kernel_w);
+#pragma omp parallel num_threads(threads) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
+    {
+        std::vector<float> column(channels);
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < images * oh; ++row) {
+            const int64_t n = row / oh, y = row % oh;
+            for (int64_t x = 0; x < ow; ++x) {
+                float *total = out + (row * ow + x) * channels;
+                float count = 0.0f;
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                    const int64_t ix = x * p.stride_w + kx - p.pad_left;
+                    float column_count = 0.0f;
+                    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                        const int64_t iy = y * p.stride_h + ky - p.pad_top;
+                        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+                        const float *in = src + ((n * h + iy) * w + ix) * channels;
+                        if (ky == 0 && inside) std::copy(in, in + channels, column.data());
+                        else if (ky == 0) std::fill(column.begin(), column.end(), 0.0f);
+                        else if (inside) for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + in[c];
+                        else for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + 0.0f;
+                        column_count = column_count + (inside ? 1.0f : 0.0f);
+                    }
+                    if (kx == 0) std::copy(column.begin(), column.end(), total);
+                    else for (int64_t c = 0; c < channels; ++c) total[c] = total[c] + column[c];
+                    count = count + column_count;
+                }
+                const float divisor = count_include_pad ? area : count;
+                for (int64_t c = 0; c < channels; ++c) total[c] = total[c] / divisor;
+            }
+        }
     }
 }
 

@@ -46,6 +46,9 @@ void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int
 // divided by the window's area (count_include_pad) or by the elements inside.
 void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const Pool &pool, bool count_include_pad,
                   float *out, int threads);
+// The same on [images, h, w, channels] into [images, out_h, out_w, channels]: each channel's operations as above.
+void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
+                                const Pool &pool, bool count_include_pad, float *out, int threads);
 // x·min(max(x·f32(1/6) + 0.5, 0), 1), a NaN staying NaN as with numpy's maximum and minimum.
 void hard_swish(const float *x, int64_t n, float *out, int threads);
 // out = a ∘ b (∘: · or +) elementwise over n values, or, with `channels` > 0, b one value per channel
