@@ -543,6 +543,51 @@ void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int
     }
 }
 
+__attribute__((target("avx2"))) void pack_product_operand(const uint8_t *b, bool b_signed, int zero_point, int64_t k,
+                                                           int64_t n, int16_t *packed) {
+    const int64_t columns = product_columns(n), pairs = (k + 1) / 2;
+    std::fill(packed, packed + pairs * columns * 2, (int16_t)0);
+    for (int64_t j = 0; j < k; ++j)
+        for (int64_t c = 0; c < n; ++c) {
+            const int value = b_signed ? (int)(int8_t)b[j * n + c] : (int)b[j * n + c];
+            packed[((j / 2) * columns + c) * 2 + (j & 1)] = (int16_t)(value - zero_point);
+        }
+}
+
+__attribute__((target("avx2"))) void product_row(const int16_t *a_pairs, const int16_t *packed, int64_t k, int64_t n,
+                                                  int32_t *row) {
+    const int64_t columns = product_columns(n), pairs = (k + 1) / 2;
+    int64_t c0 = 0;
+    for (; c0 + 32 <= columns; c0 += 32) {  // four vectors of eight columns in registers
+        __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        for (int64_t p = 0; p < pairs; ++p) {
+            int32_t pair;
+            std::memcpy(&pair, a_pairs + 2 * p, sizeof pair);
+            const __m256i a = _mm256_set1_epi32(pair);
+            const __m256i *b = reinterpret_cast<const __m256i *>(packed + (p * columns + c0) * 2);
+            acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(a, _mm256_loadu_si256(b)));
+            acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 1)));
+            acc2 = _mm256_add_epi32(acc2, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 2)));
+            acc3 = _mm256_add_epi32(acc3, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 3)));
+        }
+        __m256i *out = reinterpret_cast<__m256i *>(row + c0);
+        _mm256_storeu_si256(out, acc0);
+        _mm256_storeu_si256(out + 1, acc1);
+        _mm256_storeu_si256(out + 2, acc2);
+        _mm256_storeu_si256(out + 3, acc3);
+    }
+    for (; c0 < columns; c0 += 8) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int64_t p = 0; p < pairs; ++p) {
+            int32_t pair;
+            std::memcpy(&pair, a_pairs + 2 * p, sizeof pair);
+            const __m256i *b = reinterpret_cast<const __m256i *>(packed + (p * columns + c0) * 2);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(pair), _mm256_loadu_si256(b)));
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(row + c0), acc);
+    }
+}
+
 namespace {
 
 // Accumulators [images, positions, OC] from a walk over tiles (each_tile, each_depthwise_tile).

@@ -98,6 +98,15 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
 // hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
 void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
 
+// Products of two activations (lpt.native.Product), a [M, K] × b [K, N] per batch: b − zb packed as int16
+// pairs along K, [ceil(K/2)][N rounded up to 8][2], zeros past K and N; each row of a − za as ceil(K/2)
+// int16 pairs. vpmaddwd adds each pair of products (at most 2·255·255) in int32: exact, as
+// every sum is (K ≤ 2^31 / 255², which lpt.native.Product checks).
+inline int64_t product_columns(int64_t n) { return (n + 7) / 8 * 8; }
+void pack_product_operand(const uint8_t *b, bool b_signed, int zero_point, int64_t k, int64_t n, int16_t *packed);
+// row [product_columns(n)] = Σ_k a[k]·b[k, c]
+void product_row(const int16_t *a_pairs, const int16_t *packed, int64_t k, int64_t n, int32_t *row);
+
 // 3×3 convolutions of stride 1 and at least 16 channels by Winograd's F(2×2, 3×3) in integers,
 // exactly: each 2×2 block of outputs costs 16 products per channel pair instead of 36. Scaled by 2,
 // the transforms have only integer coefficients: the source's transform B^T·d·B adds at most 4
