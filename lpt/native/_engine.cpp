@@ -927,7 +927,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
 // the program's outputs see channels-first values, as the steps do.
 
-enum class Code { quantize, layer, max_pool, join, flatten, mean, product, average_pool, hard_swish, binary, concat };
+enum class Code { quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product, average_pool, hard_swish, binary, concat };
 
 struct Instruction {
     Code code;
@@ -943,6 +943,8 @@ struct Instruction {
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
+    std::vector<int64_t> shape;  // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm
+    bool allow_zero = false;
 };
 
 struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and where its values are
@@ -1217,6 +1219,56 @@ void step(Program &program, const Instruction &ins) {
             }
             break;
         }
+        case Code::reshape: {
+            std::vector<int64_t> dims;
+            int64_t known = 1, inferred = -1;
+            for (size_t i = 0; i < ins.shape.size(); ++i) {
+                int64_t d = ins.shape[i];
+                if (d == 0 && !ins.allow_zero) {
+                    if (i >= a.dims.size()) throw Unsupported("a reshape that copies a dimension past the rank");
+                    d = a.dims[i];
+                }
+                if (d == -1) inferred = (int64_t)i;
+                else known *= d;
+                dims.push_back(d);
+            }
+            if (inferred >= 0) {
+                if (known == 0 || a.count() % known) throw Unsupported("a reshape whose −1 has no whole size");
+                dims[inferred] = a.count() / known;
+            } else if (known != a.count()) {
+                throw Unsupported("a reshape to another number of values");
+            }
+            if (a.transposed()) {  // reshaped in the channels-first order
+                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
+            } else {
+                out.type = a.type;
+                out.data = a.data;  // a view, as flatten's
+            }
+            out.dims = dims;
+            break;
+        }
+        case Code::transpose: {
+            const size_t rank = a.dims.size();
+            if (ins.shape.size() != rank) throw Unsupported("a transpose whose perm does not fit the rank");
+            const unsigned char *in = static_cast<const unsigned char *>(a.data);
+            if (a.transposed()) {
+                program.scratch.resize(a.count() * a.item());
+                a.channels_first_into(program.scratch.data(), program.threads);
+                in = program.scratch.data();
+            }
+            std::vector<int64_t> in_strides(rank, 1), step(rank);  // input elements per step of each output axis
+            for (size_t i = rank; i-- > 1;) in_strides[i - 1] = in_strides[i] * a.dims[i];
+            out.dims.assign(rank, 0);
+            for (size_t i = 0; i < rank; ++i) {
+                out.dims[i] = a.dims[ins.shape[i]];
+                step[i] = in_strides[ins.shape[i]];
+            }
+            const int64_t count = a.count();
+            unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, count));
+            if (rank == 0) std::memcpy(o, in, a.item());
+            else if (count) lpt_ops::permute(in, a.item(), out.dims.data(), step.data(), (int)rank, o);
+            break;
+        }
         case Code::flatten: {
             const int64_t axis = ins.axis < 0 ? ins.axis + (int64_t)a.dims.size() : ins.axis;
             if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
@@ -1319,6 +1371,20 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.multiply = parsed && std::string(which) == "mul";
             } else if (k == "concat") {
                 ins.code = Code::concat;
+            } else if (k == "reshape") {  // (target shape, allow_zero)
+                PyObject *target;
+                int allow_zero;
+                ins.code = Code::reshape;
+                parsed = PyArg_ParseTuple(extra, "Op", &target, &allow_zero);
+                if (parsed) ins.shape = int_sequence(target, "reshape's shape");
+                ins.allow_zero = parsed && allow_zero;
+            } else if (k == "transpose") {  // perm
+                ins.code = Code::transpose;
+                ins.shape = int_sequence(extra, "transpose's perm");
+                std::vector<int64_t> sorted = ins.shape;
+                std::sort(sorted.begin(), sorted.end());
+                for (size_t i = 0; i < sorted.size(); ++i)
+                    if (sorted[i] != (int64_t)i) throw std::invalid_argument("a transpose's perm must order the axes");
             } else if (k == "flatten") {
                 ins.code = Code::flatten;
                 ins.axis = PyLong_AsLongLong(extra);

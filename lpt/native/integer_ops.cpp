@@ -254,6 +254,35 @@ void average_pool_channels_last(const float *src, int64_t images, int64_t channe
     }
 }
 
+namespace {
+template <typename T>
+void permute_typed(const T *in, const int64_t *dims, const int64_t *step, int rank, T *out) {
+    std::vector<int64_t> index(rank, 0);
+    const int64_t inner = dims[rank - 1], inner_step = step[rank - 1];
+    int64_t offset = 0;  // of index[0 .. rank − 2] in the input
+    for (;;) {
+        const T *from = in + offset;
+        for (int64_t i = 0; i < inner; ++i) out[i] = from[i * inner_step];
+        out += inner;
+        int axis = rank - 2;  // the odometer over the outer axes
+        for (; axis >= 0; --axis) {
+            offset += step[axis];
+            if (++index[axis] < dims[axis]) break;
+            offset -= step[axis] * dims[axis];
+            index[axis] = 0;
+        }
+        if (axis < 0) return;
+    }
+}
+}  // namespace
+
+void permute(const unsigned char *in, int item, const int64_t *dims, const int64_t *step, int rank, unsigned char *out) {
+    if (item == 4)
+        permute_typed(reinterpret_cast<const uint32_t *>(in), dims, step, rank, reinterpret_cast<uint32_t *>(out));
+    else
+        permute_typed(in, dims, step, rank, out);
+}
+
 void hard_swish(const float *x, int64_t n, float *out, int threads) {
     const float alpha = 1.0f / 6.0f, beta = 0.5f;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)

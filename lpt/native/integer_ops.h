@@ -57,6 +57,10 @@ void hard_swish(const float *x, int64_t n, float *out, int threads);
 void binary(bool multiply, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
             bool channels_last, float *out, int threads);
 
+// out[i0, …, i(r−1)] = in[Σ i_k·step_k] over out's dims, row-major: a transpose of items of `item`
+// bytes (1 or 4), step_k being the input's stride along the axis output axis k reads.
+void permute(const unsigned char *in, int item, const int64_t *dims, const int64_t *step, int rank, unsigned char *out);
+
 // [images, rows, columns] → [images, columns, rows], items of `item` bytes (1 or 4): between
 // channels-first [N, C, positions] and channels-last [N, positions, C].
 void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t columns, int item, int threads);

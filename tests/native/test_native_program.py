@@ -246,3 +246,37 @@ def test_a_join_of_channels_first_and_channels_last_tensors():
     expected = dict(dst_scale=np.float32(0.04), dst_zero_point=np.int32(0), qmin=0, qmax=255)
     assert same_bits(y, join_q(False, q, 128.0, np.float32(0.02), c, 100.0, np.float32(0.05), True, **expected))
     assert same_bits(z, join_q(False, c, 128.0, np.float32(0.02), q, 100.0, np.float32(0.05), True, **expected))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rank=st.integers(1, 5), dtype=st.sampled_from([np.uint8, np.int8, np.float32]),
+       data=st.data())
+def test_reshape_and_transpose_are_numpys(seed, rank, dtype, data):
+    """ONNX Reshape (0 copies a dimension, −1 is inferred) and Transpose with any perm, as attention splits heads."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 5, rank))
+    x = rng.integers(-100, 100, shape).astype(dtype)
+    perm = tuple(int(i) for i in rng.permutation(rank))
+    flat = int(np.prod(shape))
+    target = data.draw(st.sampled_from([(0,) * rank, (-1,), (flat, 1), (1, -1)] + ([(0, -1)] if rank >= 2 else [])))
+    program = Program([("transpose", ["x"], "t", perm), ("reshape", ["t"], "y", (target, False))], ["x"], ["y", "t"],
+                      threads=1)
+    y, t = program(x)
+    expected = x.transpose(perm)
+    assert same_bits(t, np.ascontiguousarray(expected))
+    from lpt.backend.int8_steps import onnx_reshape_dims
+    assert same_bits(y, np.ascontiguousarray(expected.reshape(onnx_reshape_dims(expected.shape, target, False))))
+
+
+def test_a_convolutions_channels_last_output_is_transposed_and_reshaped_in_channels_first_order():
+    rng = np.random.default_rng(2)
+    conv = lpt.native.Conv(rng.integers(-128, 128, (6, 3, 1, 1)).astype(np.int8), src_zero_point=128,
+                           multiplier=np.float32(0.01), dst_scale=np.float32(0.1), dst_zero_point=128, dst_dtype=np.uint8)
+    q = rng.integers(0, 256, (2, 3, 4, 5)).astype(np.uint8)
+    program = Program([("layer", ["q"], "c", conv.instruction[1]), ("transpose", ["c"], "t", (0, 2, 3, 1)),
+                       ("reshape", ["c"], "r", ((0, 6, -1), False))], ["q"], ["t", "r"], threads=1)
+    t, r = program(q)
+    assert same_bits(t, np.ascontiguousarray(conv(q).transpose(0, 2, 3, 1)))
+    assert same_bits(r, conv(q).reshape(2, 6, 20))
+    with pytest.raises(Unsupported, match="reshape"):
+        Program([("reshape", ["q"], "r", ((7, -1), False))], ["q"], ["r"], threads=1)(q)
