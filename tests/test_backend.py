@@ -212,7 +212,7 @@ def test_an_exported_conv_transpose_keeps_the_accumulator_type_for_what_reads_it
     lpt.transform(m)
     exported, _ = to_standard_int8(m)
     x = RNG.uniform(-2, 3, (1, 3, 4, 4)).astype(np.float32)
-    # the Identity is inside the layer's chain, so the Sigmoid is lpt's (lpt.numerics.sigmoid), the
+    # the Identity is inside the layer's chain, so the Sigmoid is lpt's (lpt.numerics.exp), the
     # export's onnxruntime's: a few float32 steps apart
     np.testing.assert_allclose(run_ort(exported, {"x": x})[0], compile_model(m).run({"x": x})["y"], rtol=1e-6,
                                atol=1e-6)

@@ -9,13 +9,19 @@ the same bits:
 
     GlobalAveragePool            kernels.global_average_pool      "mean"
     AveragePool (2-D, floor)     kernels.average_pool             "average_pool"
+    Relu                         kernels.relu                     "relu"
     HardSwish                    kernels.hard_swish               "hard_swish"
-    Mul, Add                     numpy's · or +                   "binary" (same shapes, or [N, C, 1, 1])
+    Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
+    Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (same shapes, a scalar, or [N, C, 1, 1])
     Concat (channels)            numpy's concatenate              "concat"
+    Softmax (last axis)          kernels.softmax                  "softmax"
+    LayerNormalization (last)    kernels.layer_norm               "layer_norm"
+    ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
 
-The plan takes such a node only where int8 steps (or steps of this module) make every tensor it reads
-at run time; elsewhere float32 regions stay with onnxruntime. onnxruntime computes the same bits,
-except for the sums of the two averages, which it adds in its own order (kernels.float_ops says where).
+The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads;
+elsewhere float32 regions stay with onnxruntime. onnxruntime computes the same bits but for the
+averages, Softmax and LayerNormalization, whose sums (and exp) it computes in its own way: the last
+bits of a value differ (kernels.float_ops says where).
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.chains import attribute
 from lpt.backend.int8_steps import _step
+from lpt.graph.constants import const_array
+from lpt.numerics.exp import erf
 
 _FLOAT = ir.DataType.FLOAT
+_BINARY = {"Mul": (np.multiply, "mul"), "Add": (np.add, "add"), "Sub": (np.subtract, "sub"), "Div": (np.divide, "div")}
 BACKEND = "lpt float32"  # Step.backend: float32 ops, not int8 kernels, and not onnxruntime's
 
 
@@ -37,26 +46,77 @@ def _float_step(run, inputs, node, native) -> tuple:
 
 def try_float_step(node: ir.Node) -> tuple | None:
     """The step for a float32 op between int8 layers (the table above), or None where lpt does not take it."""
-    if node.domain not in ("", "ai.onnx") or not node.inputs or any(v is None or v.dtype != _FLOAT for v in node.inputs):
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
+        return None
+    if node.op_type in (*_BINARY, "Concat") and any(v is None or v.dtype != _FLOAT for v in node.inputs):
         return None
     x = node.inputs[0]
     if node.op_type == "GlobalAveragePool":
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))
     if node.op_type == "HardSwish":
         return _float_step(lambda a: [kernels.hard_swish(a)], [x], node, ("hard_swish", None))
+    if node.op_type == "Relu":
+        return _float_step(lambda a: [kernels.relu(a)], [x], node, ("relu", None))
+    if node.op_type == "Erf":
+        return _float_step(lambda a: [erf(a)], [x], node, ("erf", None))
     if node.op_type == "AveragePool":
         return _average_pool(node)
-    if node.op_type in ("Mul", "Add") and len(node.inputs) == 2 and _engine_broadcasts(*node.inputs):
-        multiply = node.op_type == "Mul"
+    if node.op_type in _BINARY and len(node.inputs) == 2 and _engine_broadcasts(*node.inputs):
+        operation, name = _BINARY[node.op_type]
         # asarray: numpy gives a scalar for two 0-d arrays (a dynamic quantization's scales)
-        return _float_step(lambda a, b: [np.asarray(a * b if multiply else a + b)], list(node.inputs), node,
-                           ("binary", "mul" if multiply else "add"))
+        return _float_step(lambda a, b: [np.asarray(operation(a, b))], list(node.inputs), node, ("binary", name))
+    if node.op_type == "Softmax" and x.shape is not None and _is_last_axis(node, x, default=None):
+        return _float_step(lambda a: [kernels.softmax(a)], [x], node, ("softmax", None))
+    if node.op_type == "LayerNormalization":
+        return _layer_norm(node)
+    if node.op_type == "ReduceMean":
+        return _mean_over_axis_1(node)
     if node.op_type == "Concat" and x.shape is not None:
         axis = attribute(node, "axis", 1)
         if axis in (1, 1 - len(x.shape)) and len(x.shape) >= 2:
             return _float_step(lambda *parts: [np.concatenate(parts, axis=1)], list(node.inputs), node,
                                ("concat", None))
     return None
+
+
+def _is_last_axis(node: ir.Node, x: ir.Value, default: int | None) -> bool:
+    """Whether the node's `axis` is x's last. A Softmax without one means 1 before opset 13 and −1 from
+    it on, which agree only on rank 2 (`default` None: the node's opset is not known here)."""
+    rank = len(x.shape)
+    axis = attribute(node, "axis", default)
+    return rank == 2 if axis is None else axis in (-1, rank - 1)
+
+
+def _layer_norm(node: ir.Node) -> tuple | None:
+    x = node.inputs[0]
+    if x.shape is None or not _is_last_axis(node, x, default=-1) or attribute(node, "stash_type", 1) != 1:
+        return None
+    if any(output.uses() or output.is_graph_output() for output in node.outputs[1:]):
+        return None  # the mean and inverse deviation it may also give
+    scale = const_array(node.inputs[1])
+    bias = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    if scale is None or (len(node.inputs) > 2 and node.inputs[2] is not None and bias is None):
+        return None
+    width = x.shape[-1]
+    if not isinstance(width, int) or scale.size != width or (bias is not None and bias.size != width):
+        return None
+    scale = np.ascontiguousarray(scale.reshape(-1), np.float32)
+    bias = None if bias is None else np.ascontiguousarray(bias.reshape(-1), np.float32)
+    epsilon = float(np.float32(attribute(node, "epsilon", 1e-5)))
+    return _float_step(lambda a: [kernels.layer_norm(a, scale, bias, epsilon)], [x], node,
+                       ("layer_norm", (scale, bias, epsilon)))
+
+
+def _mean_over_axis_1(node: ir.Node) -> tuple | None:
+    """ReduceMean over axis 1 of [N, T, C]: a sequence's mean before a classifier."""
+    x = node.inputs[0]
+    axes = attribute(node, "axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const_array(node.inputs[1])
+    if x.shape is None or len(x.shape) != 3 or axes is None or [int(a) for a in np.reshape(axes, -1)] not in ([1], [-2]):
+        return None
+    keepdims = bool(attribute(node, "keepdims", 1))
+    return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
 
 
 def _average_pool(node: ir.Node) -> tuple | None:
@@ -73,12 +133,25 @@ def _average_pool(node: ir.Node) -> tuple | None:
 
 
 def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
-    """Whether the shapes are ones the engine's "binary" takes: the same, or one value per image and
-    channel ([N, C, 1, ...]) over [N, C, *spatial]. Anything else would make the program give way at run time."""
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+    """Whether the shapes are ones the engine's "binary" takes: the same, one value (a scalar), or one value
+    per image and channel ([N, C, 1, ...]) over [N, C, *spatial]. Symbolic dimensions may be equal; the
+    engine checks them at run time (a program whose instruction does not take its input gives way)."""
+    if a.shape is None or b.shape is None:
         return False
-    if tuple(a.shape) == tuple(b.shape):
+    if _one_value(a.shape) or _one_value(b.shape):
+        return True
+    if len(a.shape) != len(b.shape):
+        return False
+    if all(_may_equal(x, y) for x, y in zip(a.shape, b.shape)):
         return True
     big, small = (a, b) if all(d == 1 for d in b.shape[2:]) else (b, a)
-    return (len(big.shape) >= 3 and tuple(small.shape[:2]) == tuple(big.shape[:2])
+    return (len(big.shape) >= 3 and all(_may_equal(x, y) for x, y in zip(small.shape[:2], big.shape[:2]))
             and all(d == 1 for d in small.shape[2:]))
+
+
+def _one_value(shape) -> bool:
+    return all(d == 1 for d in shape)
+
+
+def _may_equal(x, y) -> bool:
+    return x == y or not isinstance(x, int) or not isinstance(y, int)

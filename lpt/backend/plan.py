@@ -169,10 +169,10 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
 
 
 def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict) -> bool:
-    """Whether lpt's steps make every tensor `node` reads at run time (so a float32 op there keeps the
-    native program whole, lpt.backend.float_steps), and it reads one at least."""
-    runtime = [v for v in node.inputs if v is not None and v.name not in constants]
-    return bool(runtime) and all(v.producer() is not None and id(v.producer()) in claimed for v in runtime)
+    """Whether one of lpt's steps makes a tensor `node` reads at run time: a float32 op there keeps the
+    native program whole (lpt.backend.float_steps); one the graph's f32 part feeds stays with it."""
+    return any(v is not None and v.name not in constants and v.producer() is not None and id(v.producer()) in claimed
+               for v in node.inputs)
 
 
 def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32_nodes: list[ir.Node]) -> list:

@@ -1,5 +1,6 @@
 """The float32 ops that sit between int8 layers (a pool after a ReLU kept in f32, a squeeze-excite's scale,
-a HardSwish, a concatenation), each as a fixed order of float32 operations.
+a HardSwish, a concatenation; attention's Softmax and a transformer's LayerNormalization), each as a
+fixed order of float32 operations.
 
 lpt's native engine runs the same operations in the same order (lpt/native/integer_ops.cpp), so a
 network keeps to one native program across them, with the bits of these functions. They also agree
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lpt.numerics.exp import exp
+
 HARD_SWISH_ALPHA, HARD_SWISH_BETA = np.float32(1 / 6), np.float32(0.5)
 
 
@@ -19,6 +22,13 @@ def hard_swish(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(invalid="ignore"):  # −inf·0 is NaN, as onnxruntime's
         return x * np.minimum(np.maximum(x * HARD_SWISH_ALPHA + HARD_SWISH_BETA, np.float32(0)), np.float32(1))
+
+
+def relu(x) -> np.ndarray:
+    """ONNX Relu on float32: x where x > 0 or x is NaN, else +0 (so −0 becomes +0, as numpy's maximum(x, 0)
+    gives it, stated here because the engine follows this function, not numpy's implementation)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where((x > 0) | np.isnan(x), x, np.float32(0))
 
 
 def average_pool(x, kernel_shape, strides=None, pads=None, count_include_pad: bool = False) -> np.ndarray:
@@ -49,3 +59,51 @@ def average_pool(x, kernel_shape, strides=None, pads=None, count_include_pad: bo
         count = column_count if count is None else count + column_count
     divisor = np.float32(kh * kw) if count_include_pad else count
     return total / divisor
+
+
+LANES = 8
+
+
+def sum_in_lanes(x) -> np.ndarray:
+    """The sum along the last axis in eight lanes (keeping the axis, as 1): lane j adds x[j], x[j + 8], … in
+    order, with zeros past the end, then the lanes are added as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
+    The native engine adds a row eight values per instruction in this order; a single running sum would
+    wait on each addition."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.shape[-1]
+    padded = np.zeros(x.shape[:-1] + (max(1, -(-n // LANES)) * LANES,), np.float32)
+    padded[..., :n] = x
+    lanes = np.add.accumulate(padded.reshape(x.shape[:-1] + (-1, LANES)), axis=-2)[..., -1, :]
+    pairs = [lanes[..., j] + lanes[..., j + 1] for j in range(0, LANES, 2)]
+    return ((pairs[0] + pairs[1]) + (pairs[2] + pairs[3]))[..., None]
+
+
+def softmax(x) -> np.ndarray:
+    """ONNX Softmax along the last axis: m = the maximum, e = lpt's exp(x − m) (lpt.numerics.exp), Σe in
+    lanes (sum_in_lanes), y = e / Σe. onnxruntime's differs in the last bits (its own exp, and a product
+    with 1 / Σe)."""
+    x = np.asarray(x, dtype=np.float32)
+    e = exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / sum_in_lanes(e)
+
+
+def layer_norm(x, scale, bias=None, epsilon=1e-5) -> np.ndarray:
+    """ONNX LayerNormalization along the last axis: the mean (the values added in lanes, sum_in_lanes,
+    divided by their count), d = x − mean, the variance (d·d added in lanes, divided by the count), then
+    y = d / sqrt(variance + epsilon) · scale [+ bias], each a float32 operation. onnxruntime accumulates in
+    its own way: the last bits differ."""
+    x = np.asarray(x, dtype=np.float32)
+    count = np.float32(x.shape[-1])
+    mean = sum_in_lanes(x) / count
+    d = x - mean
+    deviation = np.sqrt(sum_in_lanes(d * d) / count + np.float32(epsilon))
+    y = d / deviation * np.asarray(scale, np.float32)
+    return y if bias is None else y + np.asarray(bias, np.float32)
+
+
+def mean_over_axis_1(x, keepdims: bool) -> np.ndarray:
+    """ReduceMean over axis 1 of float32 [N, T, C] (a sequence's mean): each channel's T values added in order,
+    then divided by T, as the global average (kernels.global_average_pool) adds them."""
+    x = np.asarray(x, dtype=np.float32)
+    mean = np.add.accumulate(x, axis=1)[:, -1] / np.float32(x.shape[1])
+    return mean[:, None] if keepdims else mean

@@ -21,7 +21,7 @@ import numpy as np
 
 from lpt.kernels.quantize import broadcast_along, integer_container, quantize, round_to_range
 from lpt.numerics import fake_quantize
-from lpt.numerics.sigmoid import sigmoid
+from lpt.numerics.exp import sigmoid
 
 try:
     from lpt.kernels import _elementwise as _native
@@ -60,7 +60,7 @@ class LeakyRelu:
 
 @dataclass(frozen=True)
 class Sigmoid:
-    """x = 1 / (1 + exp(−x)) in f32, as lpt.numerics.sigmoid spells it (the native engine's to the bit)."""
+    """x = 1 / (1 + exp(−x)) in f32, as lpt.numerics.exp spells it (the native engine's to the bit)."""
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         return sigmoid(x)

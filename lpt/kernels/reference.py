@@ -13,7 +13,7 @@ import numpy as np
 
 from lpt.kernels.output_stage import Clip, FakeQuantize, LeakyRelu, Relu, Sigmoid, Sum
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
-from lpt.numerics.sigmoid import sigmoid
+from lpt.numerics.exp import sigmoid
 
 
 def conv_reference(src_q, weights_q, src_zero_point=0, weight_zero_point=0, groups=1,

@@ -37,9 +37,10 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "float_ops.h"
 #include "integer_ops.h"
 #include "s16.h"
-#include "sigmoid.h"
+#include "exp.h"
 
 using namespace dnnl;
 using tag = memory::format_tag;
@@ -63,7 +64,7 @@ stream &thread_stream() {
 // ---------------------------------------------------------------- output stage
 //
 // x = f32(acc)·m[c]; x = x + bias[c]; each post-op: a LeakyRelu's x < 0 ? x·slope : x (where the
-// slope is not 1), then its clip as max then min, or lpt's Sigmoid (sigmoid.h); then, for an 8-bit
+// slope is not 1), then its clip as max then min, or lpt's Sigmoid (exp.h); then, for an 8-bit
 // destination, y = x / s_dst,
 // clamped to [qmin − zp, qmax − zp], rounded half to even, + zp. Exactly lpt.kernels.output_stage
 // (and, for Relu and Clip, lpt/kernels/_elementwise.c's output_stage).
@@ -108,7 +109,7 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
         for (size_t k = 0; k + 3 < s.post_ops.size(); k += lpt_s16::POST_OP_FIELDS) {
             const float kind = s.post_ops[k], slope = s.post_ops[k + 1], low = s.post_ops[k + 2], high = s.post_ops[k + 3];
             if (kind == lpt_s16::SIGMOID) {
-                for (int64_t c = 0; c < channels; ++c) x[c] = lpt_sigmoid::sigmoid(x[c]);
+                for (int64_t c = 0; c < channels; ++c) x[c] = lpt_exp::sigmoid(x[c]);
                 continue;
             }
             if (slope != 1.0f)  // LeakyRelu
@@ -927,7 +928,10 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
 // the program's outputs see channels-first values, as the steps do.
 
-enum class Code { quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product, average_pool, hard_swish, binary, concat };
+enum class Code {
+    quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
+    average_pool, relu, hard_swish, erf, binary, concat, softmax, layer_norm, mean_axis_1
+};
 
 struct Instruction {
     Code code;
@@ -937,14 +941,18 @@ struct Instruction {
     Product *product = nullptr;      // product
     PyObject *capsule = nullptr;     // layer, product: a reference that keeps `operation` or `product` alive
     lpt_ops::Pool pool{};            // max_pool, average_pool
-    bool multiply = false, relu = false, signed_out = false;  // join, binary; quantize: the output's type
+    bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
     bool count_include_pad = false;  // average_pool
+    char op = 0;                     // binary: '*', '+', '-' or '/'
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
     std::vector<int64_t> shape;  // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm
     bool allow_zero = false;
+    std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty)
+    float epsilon = 0;               // layer_norm
+    bool keepdims = false;           // mean_axis_1
 };
 
 struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and where its values are
@@ -1151,41 +1159,47 @@ void step(Program &program, const Instruction &ins) {
                                       program.threads);
             break;
         }
-        case Code::hard_swish: {
-            if (a.type != 'f') throw Unsupported("a HardSwish of integers");
+        case Code::relu:
+        case Code::hard_swish:
+        case Code::erf: {  // elementwise: either layout
+            if (a.type != 'f') throw Unsupported("a float32 Relu, HardSwish or Erf of integers");
             out.dims = a.dims;
             out.channels_last = a.channels_last;
-            lpt_ops::hard_swish(static_cast<const float *>(a.data), a.count(),
-                                static_cast<float *>(out.allocate('f', a.count())), program.threads);
+            const float *in = static_cast<const float *>(a.data);
+            float *o = static_cast<float *>(out.allocate('f', a.count()));
+            if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
+            else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
+            else lpt_ops::hard_swish(in, a.count(), o, program.threads);
             break;
         }
         case Code::binary: {
             const Slot &b = slots[ins.in[1]];
-            if (a.type != 'f' || b.type != 'f') throw Unsupported("a product or sum of other than float32 tensors");
-            // the larger operand first: both orders compute the same (· and + commute in float32)
-            const bool swap = b.count() > a.count();
-            const Slot &big = swap ? b : a, &small = swap ? a : b;
+            if (a.type != 'f' || b.type != 'f') throw Unsupported("a binary op of other than float32 tensors");
+            const bool small_first = b.count() > a.count();  // a is the broadcast operand
+            const Slot &big = small_first ? b : a, &small = small_first ? a : b;
             out.dims = big.dims;
+            out.channels_last = big.transposed();
             float *o = static_cast<float *>(out.allocate('f', big.count()));
+            const float *values = static_cast<const float *>(small.data);
             if (big.dims == small.dims) {
-                out.channels_last = big.transposed();
-                const void *other = small.data;  // in big's layout
-                if (small.transposed() != big.transposed()) {
+                if (small.transposed() != big.transposed()) {  // in big's layout
                     program.scratch.resize(small.count() * sizeof(float));
                     if (big.transposed()) small.channels_last_into(program.scratch.data(), program.threads);
                     else small.channels_first_into(program.scratch.data(), program.threads);
-                    other = program.scratch.data();
+                    values = reinterpret_cast<const float *>(program.scratch.data());
                 }
-                lpt_ops::binary(ins.multiply, static_cast<const float *>(big.data), static_cast<const float *>(other),
-                                1, 0, big.count(), false, o, program.threads);
+                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, 0, big.count(),
+                                false, o, program.threads);
+            } else if (small.count() == 1 && small.dims.size() <= big.dims.size()) {
+                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, -1, big.count(),
+                                false, o, program.threads);
             } else {
                 // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial]: a squeeze-excite's scale
                 if (big.dims.size() < 3 || small.dims.size() != big.dims.size() || small.dims[0] != big.dims[0] ||
                     small.dims[1] != big.dims[1] || small.positions() != 1)
-                    throw Unsupported("a product or sum that broadcasts other than one value per channel");
-                out.channels_last = big.transposed();
-                lpt_ops::binary(ins.multiply, static_cast<const float *>(big.data), static_cast<const float *>(small.data),
-                                big.dims[0], big.dims[1], big.positions(), big.transposed(), o, program.threads);
+                    throw Unsupported("a binary op that broadcasts other than one value, or one per channel");
+                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, big.dims[0],
+                                big.dims[1], big.positions(), big.transposed(), o, program.threads);
             }
             break;
         }
@@ -1267,6 +1281,36 @@ void step(Program &program, const Instruction &ins) {
             unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, count));
             if (rank == 0) std::memcpy(o, in, a.item());
             else if (count) lpt_ops::permute(in, a.item(), out.dims.data(), step.data(), (int)rank, o);
+            break;
+        }
+        case Code::softmax:
+        case Code::layer_norm: {  // along the last axis
+            if (a.type != 'f' || a.dims.empty()) throw Unsupported("a softmax or layer norm of other than float32");
+            const float *in = static_cast<const float *>(a.data);
+            if (a.transposed()) {
+                program.scratch.resize(a.count() * sizeof(float));
+                a.channels_first_into(program.scratch.data(), program.threads);
+                in = reinterpret_cast<const float *>(program.scratch.data());
+            }
+            const int64_t n = a.dims.back(), rows = n ? a.count() / n : 0;
+            out.dims = a.dims;
+            float *o = static_cast<float *>(out.allocate('f', a.count()));
+            if (ins.code == Code::softmax) {
+                lpt_ops::softmax(in, rows, n, o, program.threads);
+            } else {
+                if ((int64_t)ins.gamma.size() != n || (!ins.beta.empty() && (int64_t)ins.beta.size() != n))
+                    throw Unsupported("a layer norm whose scale or bias does not fit its last axis");
+                lpt_ops::layer_norm(in, rows, n, ins.gamma.data(), ins.beta.empty() ? nullptr : ins.beta.data(),
+                                    ins.epsilon, o, program.threads);
+            }
+            break;
+        }
+        case Code::mean_axis_1: {  // [N, T, C] → [N, C] or [N, 1, C]: C channels-last over T positions
+            if (a.type != 'f' || a.dims.size() != 3 || a.transposed())
+                throw Unsupported("a mean over axis 1 of other than float32 [N, T, C]");
+            out.dims = ins.keepdims ? std::vector<int64_t>{a.dims[0], 1, a.dims[2]} : std::vector<int64_t>{a.dims[0], a.dims[2]};
+            lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[2], a.dims[1], true,
+                                       static_cast<float *>(out.allocate('f', out.count())), program.threads);
             break;
         }
         case Code::flatten: {
@@ -1362,13 +1406,17 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.count_include_pad = count_include_pad;
             } else if (k == "hard_swish") {
                 ins.code = Code::hard_swish;
-            } else if (k == "binary") {  // "mul" or "add"
+            } else if (k == "erf") {
+                ins.code = Code::erf;
+            } else if (k == "relu") {
+                ins.code = Code::relu;
+            } else if (k == "binary") {  // "mul", "add", "sub" or "div"
                 ins.code = Code::binary;
                 const char *which = PyUnicode_AsUTF8(extra);
                 parsed = which != nullptr;
-                if (parsed && std::string(which) != "mul" && std::string(which) != "add")
-                    throw std::invalid_argument("a binary instruction is 'mul' or 'add'");
-                ins.multiply = parsed && std::string(which) == "mul";
+                const std::string w = parsed ? which : "";
+                ins.op = w == "mul" ? '*' : w == "add" ? '+' : w == "sub" ? '-' : w == "div" ? '/' : 0;
+                if (parsed && !ins.op) throw std::invalid_argument("a binary instruction is 'mul', 'add', 'sub' or 'div'");
             } else if (k == "concat") {
                 ins.code = Code::concat;
             } else if (k == "reshape") {  // (target shape, allow_zero)
@@ -1385,6 +1433,19 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 std::sort(sorted.begin(), sorted.end());
                 for (size_t i = 0; i < sorted.size(); ++i)
                     if (sorted[i] != (int64_t)i) throw std::invalid_argument("a transpose's perm must order the axes");
+            } else if (k == "softmax") {
+                ins.code = Code::softmax;
+            } else if (k == "layer_norm") {  // (scale, bias or None, epsilon)
+                PyObject *scale, *bias;
+                ins.code = Code::layer_norm;
+                parsed = PyArg_ParseTuple(extra, "OOf", &scale, &bias, &ins.epsilon);
+                if (parsed) ins.gamma = float_vector(scale, "layer norm's scale");
+                if (parsed && bias != Py_None) ins.beta = float_vector(bias, "layer norm's bias");
+            } else if (k == "mean_axis_1") {  // keepdims
+                int keepdims;
+                ins.code = Code::mean_axis_1;
+                parsed = PyArg_ParseTuple(extra, "p", &keepdims);
+                ins.keepdims = keepdims;
             } else if (k == "flatten") {
                 ins.code = Code::flatten;
                 ins.axis = PyLong_AsLongLong(extra);

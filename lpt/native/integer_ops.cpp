@@ -188,72 +188,6 @@ void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t
     }
 }
 
-void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const Pool &p, bool count_include_pad,
-                  float *out, int threads) {
-    const int64_t oh = p.out_h(h), ow = p.out_w(w);
-    const float area = (float)(p.kernel_h * p.kernel_w);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    for (int64_t plane = 0; plane < planes; ++plane) {
-        const float *in = src + plane * h * w;
-        float *o = out + plane * oh * ow;
-        for (int64_t y = 0; y < oh; ++y)
-            for (int64_t x = 0; x < ow; ++x) {
-                float total = 0.0f, count = 0.0f;
-                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-                    const int64_t ix = x * p.stride_w + kx - p.pad_left;
-                    float column = 0.0f, column_count = 0.0f;
-                    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
-                        const int64_t iy = y * p.stride_h + ky - p.pad_top;
-                        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
-                        const float value = inside ? in[iy * w + ix] : 0.0f;
-                        column = ky == 0 ? value : column + value;
-                        column_count = column_count + (inside ? 1.0f : 0.0f);
-                    }
-                    total = kx == 0 ? column : total + column;
-                    count = count + column_count;
-                }
-                o[y * ow + x] = total / (count_include_pad ? area : count);
-            }
-    }
-}
-
-void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
-                                const Pool &p, bool count_include_pad, float *out, int threads) {
-    const int64_t oh = p.out_h(h), ow = p.out_w(w);
-    const float area = (float)(p.kernel_h * p.kernel_w);
-#pragma omp parallel num_threads(threads) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    {
-        std::vector<float> column(channels);
-#pragma omp for schedule(static)
-        for (int64_t row = 0; row < images * oh; ++row) {
-            const int64_t n = row / oh, y = row % oh;
-            for (int64_t x = 0; x < ow; ++x) {
-                float *total = out + (row * ow + x) * channels;
-                float count = 0.0f;
-                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-                    const int64_t ix = x * p.stride_w + kx - p.pad_left;
-                    float column_count = 0.0f;
-                    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
-                        const int64_t iy = y * p.stride_h + ky - p.pad_top;
-                        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
-                        const float *in = src + ((n * h + iy) * w + ix) * channels;
-                        if (ky == 0 && inside) std::copy(in, in + channels, column.data());
-                        else if (ky == 0) std::fill(column.begin(), column.end(), 0.0f);
-                        else if (inside) for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + in[c];
-                        else for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + 0.0f;
-                        column_count = column_count + (inside ? 1.0f : 0.0f);
-                    }
-                    if (kx == 0) std::copy(column.begin(), column.end(), total);
-                    else for (int64_t c = 0; c < channels; ++c) total[c] = total[c] + column[c];
-                    count = count + column_count;
-                }
-                const float divisor = count_include_pad ? area : count;
-                for (int64_t c = 0; c < channels; ++c) total[c] = total[c] / divisor;
-            }
-        }
-    }
-}
-
 namespace {
 template <typename T>
 void permute_typed(const T *in, const int64_t *dims, const int64_t *step, int rank, T *out) {
@@ -281,30 +215,6 @@ void permute(const unsigned char *in, int item, const int64_t *dims, const int64
         permute_typed(reinterpret_cast<const uint32_t *>(in), dims, step, rank, reinterpret_cast<uint32_t *>(out));
     else
         permute_typed(in, dims, step, rank, out);
-}
-
-void hard_swish(const float *x, int64_t n, float *out, int threads) {
-    const float alpha = 1.0f / 6.0f, beta = 0.5f;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-    for (int64_t i = 0; i < n; ++i) {
-        float h = x[i] * alpha + beta;
-        h = h < 0.0f ? 0.0f : h;  // a NaN stays NaN, as numpy's maximum and minimum keep it
-        h = h > 1.0f ? 1.0f : h;
-        out[i] = x[i] * h;
-    }
-}
-
-void binary(bool multiply, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
-            bool channels_last, float *out, int threads) {
-    const int64_t n = images * (channels > 0 ? channels * positions : positions);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-    for (int64_t i = 0; i < n; ++i) {
-        float other;
-        if (channels <= 0) other = b[i];
-        else if (channels_last) other = b[i / (positions * channels) * channels + i % channels];
-        else other = b[i / positions];  // [images, channels] read along [images, channels, positions]
-        out[i] = multiply ? a[i] * other : a[i] + other;
-    }
 }
 
 void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,

@@ -40,23 +40,6 @@ void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_
 void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int64_t channels, int64_t h, int64_t w,
                             const Pool &pool, void *out, int threads);
 
-// The float32 ops between int8 layers, in lpt.kernels.float_ops' order of operations (which defines them).
-// ONNX AveragePool (2-D, floor mode, no dilation; `pool`'s dilations are 1) on float32 [planes, h, w]:
-// each window column added down its rows, then the columns left to right, the padding as 0.0, then
-// divided by the window's area (count_include_pad) or by the elements inside.
-void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const Pool &pool, bool count_include_pad,
-                  float *out, int threads);
-// The same on [images, h, w, channels] into [images, out_h, out_w, channels]: each channel's operations as above.
-void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
-                                const Pool &pool, bool count_include_pad, float *out, int threads);
-// x·min(max(x·f32(1/6) + 0.5, 0), 1), a NaN staying NaN as with numpy's maximum and minimum.
-void hard_swish(const float *x, int64_t n, float *out, int threads);
-// out = a ∘ b (∘: · or +) elementwise over n values, or, with `channels` > 0, b one value per channel
-// broadcast over a's positions: a [images, channels, positions] (or [images, positions, channels]
-// with `channels_last`), b [images, channels].
-void binary(bool multiply, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
-            bool channels_last, float *out, int threads);
-
 // out[i0, …, i(r−1)] = in[Σ i_k·step_k] over out's dims, row-major: a transpose of items of `item`
 // bytes (1 or 4), step_k being the input's stride along the axis output axis k reads.
 void permute(const unsigned char *in, int item, const int64_t *dims, const int64_t *step, int rank, unsigned char *out);

@@ -265,7 +265,7 @@ _SLOPE_CLIP, _SIGMOID = 0.0, 1.0  # and its post-op kinds
 def _post_ops(post_ops) -> np.ndarray:
     """The post-ops as the engine's (kind, slope, low, high) quadruples (lpt/native/s16.h: PostOp): kind 0 is
     x < 0 ? x·slope : x, then min(max(x, low), high), so Relu is a clip with no upper bound and LeakyRelu a
-    slope with no bounds; kind 1 is lpt's Sigmoid (lpt.numerics.sigmoid)."""
+    slope with no bounds; kind 1 is lpt's Sigmoid (lpt.numerics.exp)."""
     quadruples = []
     for op in post_ops:
         if isinstance(op, Relu):

@@ -21,7 +21,7 @@
 // kernel, the outputs transformed back before the output stage.
 
 #include "s16.h"
-#include "sigmoid.h"
+#include "exp.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -99,22 +99,10 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     return v;
 }
 
-// lpt_sigmoid::sigmoid on eight lanes, the same float32 operations in the same order: max(t, LOW)
-// gives LOW for a NaN, as t >= LOW ? t : LOW does, and the NaN lanes take x at the end.
+// lpt_exp::sigmoid on eight lanes (exp.h's exp_lanes): the NaN lanes take x.
 __attribute__((target("avx2"))) inline __m256 sigmoid(__m256 x) {
-    using namespace lpt_sigmoid;
-    const __m256 round = _mm256_set1_ps(ROUND);
-    __m256 t = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
-    t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(LOW)), _mm256_set1_ps(HIGH));
-    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(t, _mm256_set1_ps(LOG2E)), round), round);
-    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(t, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
-                                   _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
-    __m256 p = _mm256_set1_ps(P0);
-    for (const float c : {P1, P2, P3, P4, P5}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-    const __m256 two_to_n = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
     const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one), two_to_n);
+    const __m256 e = lpt_exp::exp_lanes(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
     return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 

@@ -73,7 +73,7 @@ void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, in
 constexpr int64_t MAX_POST_OPS = 8;  // a chain has one or two; the vector stage keeps them in registers
 // A post-op is four floats (kind, slope, low, high). SLOPE_CLIP: x < 0 ? x·slope : x (a LeakyRelu,
 // where the slope is not 1), then min(max(x, low), high) (Relu, Clip); SIGMOID: lpt's Sigmoid
-// (sigmoid.h), the other three unused.
+// (exp.h), the other three unused.
 constexpr int64_t POST_OP_FIELDS = 4;
 constexpr float SLOPE_CLIP = 0.0f, SIGMOID = 1.0f;
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from lpt.kernels import average_pool, hard_swish
+from lpt.kernels import average_pool, hard_swish, layer_norm, softmax
+from lpt.kernels.float_ops import sum_in_lanes
+from lpt.numerics.exp import erf
 
 
 def onnxruntime(node, x: np.ndarray) -> np.ndarray:
@@ -38,3 +40,28 @@ def test_average_pool_is_onnxruntimes_but_for_the_order_of_additions(kernel, str
     ours = average_pool(x, (kernel, kernel), (stride, stride), pads, include_pad)
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_softmax_layer_norm_and_erf_are_close_to_onnxruntimes():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 4, (3, 64, 37)).astype(np.float32)
+    np.testing.assert_allclose(softmax(x), onnxruntime(helper.make_node("Softmax", ["x"], ["y"], axis=-1), x),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(erf(x), onnxruntime(helper.make_node("Erf", ["x"], ["y"]), x), rtol=0, atol=3e-7)
+    gamma, beta = rng.normal(1, 0.3, 37).astype(np.float32), rng.normal(0, 0.3, 37).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                              "g", [helper.make_tensor_value_info("x", 1, None)], [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(gamma, "g"), numpy_helper.from_array(beta, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(layer_norm(x, gamma, beta, 1e-5), theirs, rtol=1e-5, atol=2e-6)
+
+
+def test_the_lanes_add_in_their_order():
+    """Lane j takes x[j], x[j + 8], …; the lanes pair as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))."""
+    x = np.zeros(11, np.float32)
+    x[[0, 8]] = 1e8, -1e8  # lane 0: cancels exactly when added in its order
+    x[1] = 1.0
+    assert sum_in_lanes(x)[0] == 1.0
+    # (2^24 + 0) + (1 + 1) is 2^24 + 2; added one after another, each + 1 rounds back to 2^24
+    assert sum_in_lanes(np.float32([2.0**24, 0, 1, 1, 0, 0, 0, 0]))[0] == 2.0**24 + 2

@@ -1,4 +1,5 @@
-"""The float32 instructions of native programs (average pool, HardSwish, product and sum, concat) against
+"""The float32 instructions of native programs (average pool, HardSwish, Erf, binary ops, concat, Softmax,
+LayerNormalization, a sequence's mean) against
 lpt.kernels.float_ops and numpy, bit for bit, on channels-first inputs and on a convolution's
 channels-last outputs, which the engine keeps in that layout."""
 
@@ -10,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import average_pool, hard_swish
+from lpt.kernels import average_pool, hard_swish, layer_norm, mean_over_axis_1, relu, softmax
 from lpt.native import Unsupported
 from lpt.native.program import Program
+from lpt.numerics.exp import erf
 
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30])
 
@@ -64,26 +66,30 @@ def test_hard_swish_is_lpts(seed, layout):
     assert same_bits(np.ascontiguousarray(y), hard_swish(x))
 
 
-@given(seed=st.integers(0, 2**32 - 1), multiply=st.booleans(), layouts=st.tuples(
+OPERATIONS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.divide}
+
+
+@given(seed=st.integers(0, 2**32 - 1), operation=st.sampled_from(sorted(OPERATIONS)), layouts=st.tuples(
     st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
-       per_channel=st.booleans(), swapped=st.booleans())
-@settings(max_examples=40, deadline=None)
-def test_a_product_or_sum_of_two_tensors_is_numpys(seed, multiply, layouts, per_channel, swapped):
-    """The same shape in either layout, or a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W] (either side)."""
+       other=st.sampled_from(["same", "per_channel", "scalar"]), swapped=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped):
+    """The same shape in either layout, a scalar, or a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W],
+    on either side (Sub and Div keep the operands' order)."""
     rng = np.random.default_rng(seed)
     make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
-    if per_channel:
-        b = rng.normal(0, 2, (2, 6, 1, 1)).astype(np.float32)
-        make_b, feeds_b = [], {"b": b}
-    else:
+    if other == "same":
         make_b, feeds_b, b = source(rng, (2, 6, 5, 4), layouts[1])
         make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
         feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
+    else:
+        b = rng.normal(0, 2, (2, 6, 1, 1) if other == "per_channel" else (1, 1, 1)).astype(np.float32)
+        make_b, feeds_b = [], {"b": b}
     operands = ["b", "x"] if swapped else ["x", "b"]
-    program = Program(make_a + make_b + [("binary", operands, "y", "mul" if multiply else "add")],
-                      list(feeds_a) + list(feeds_b), ["y"], threads=2)
+    program = Program(make_a + make_b + [("binary", operands, "y", operation)], list(feeds_a) + list(feeds_b), ["y"],
+                      threads=2)
     [y] = program(*feeds_a.values(), *feeds_b.values())
-    assert same_bits(y, a * b if multiply else a + b)
+    assert same_bits(y, OPERATIONS[operation](*((b, a) if swapped else (a, b))))
 
 
 @pytest.mark.parametrize("layouts", [("channels_first", "channels_last"), ("channels_last", "channels_first"),
@@ -110,3 +116,43 @@ def test_what_the_float_instructions_do_not_take_gives_way_to_the_steps():
     concat = Program([("concat", ["a", "b"], "y", None)], ["a", "b"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="concatenation"):
         concat(np.ones((1, 3, 4, 4), np.float32), np.ones((1, 3, 4, 5), np.float32))
+
+
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(1, 70), layout=st.sampled_from(["channels_first", "channels_last"]),
+       scale=st.sampled_from([0.1, 3.0, 40.0]))
+@settings(max_examples=40, deadline=None)
+def test_softmax_layer_norm_and_erf_are_lpts(seed, width, layout, scale):
+    """Rows of every width (the eight lanes of sum_in_lanes whole, and partly filled), values from a
+    convolution's channels-last output too, where the last axis is the image's width."""
+    rng = np.random.default_rng(seed)
+    shape = (2, 3, 4, width)
+    make, feeds, x = source(rng, shape, layout)
+    if layout == "channels_first":
+        x = (x * np.float32(scale)).astype(np.float32)
+        feeds = {"x": x}
+    gamma, beta = rng.normal(1, 0.2, width).astype(np.float32), rng.normal(0, 0.2, width).astype(np.float32)
+    program = Program(make + [("softmax", ["x"], "s", None), ("layer_norm", ["x"], "n", (gamma, beta, 1e-5)),
+                              ("layer_norm", ["x"], "m", (gamma, None, 1e-3)), ("erf", ["x"], "e", None)],
+                      list(feeds), ["s", "n", "m", "e"], threads=2)
+    s, n, m, e = program(*feeds.values())
+    assert same_bits(s, softmax(x))
+    assert same_bits(n, layer_norm(x, gamma, beta, 1e-5))
+    assert same_bits(m, layer_norm(x, gamma, None, np.float32(1e-3)))
+    assert same_bits(e, erf(x))
+
+
+def test_erf_at_its_ends_and_a_sequences_mean():
+    x = np.concatenate([SPECIAL, np.float32([0.999999, 1.0, 3.99999, 4.0, -4.0, 1e-20])]).reshape(1, 3, 5)
+    [e, s, r] = Program([("erf", ["x"], "e", None), ("softmax", ["x"], "s", None), ("relu", ["x"], "r", None)], ["x"],
+                        ["e", "s", "r"], threads=1)(x)
+    assert same_bits(e, erf(x))
+    assert same_bits(r, relu(x))  # −0 becomes 0, a NaN stays
+    assert same_bits(s, softmax(x))  # rows with a NaN, with ±inf: NaN where numpy's are
+    long_rows = np.tile(x.reshape(1, -1), (2, 1))
+    long_rows[1, 3:7] = 7.0  # no NaN in the first twelve values: the lanes' maximum, then the first NaN
+    [s] = Program([("softmax", ["x"], "s", None)], ["x"], ["s"], threads=1)(long_rows)
+    assert same_bits(s, softmax(long_rows))
+    sequence = np.random.default_rng(1).normal(0, 1, (2, 7, 5)).astype(np.float32)
+    for keepdims in (False, True):
+        [mean] = Program([("mean_axis_1", ["x"], "y", (keepdims,))], ["x"], ["y"], threads=1)(sequence)
+        assert same_bits(mean, mean_over_axis_1(sequence, keepdims))

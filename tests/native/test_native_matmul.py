@@ -148,7 +148,7 @@ def test_levels_on_and_next_to_halves_round_as_lpts_numpy_output_stage(route, ds
 @pytest.mark.parametrize("rows", [1, 19])  # less than a tile of s16, and whole tiles with a remainder
 def test_sigmoid_in_the_output_stage_is_lpts_numpy_sigmoid_over_the_float_range(route, rows):
     """x = acc·m + bias over float32 from 1e−30 to beyond overflow, both signs, ±0, ±inf and NaN: the
-    engine's Sigmoid (scalar and eight lanes) gives the bits of lpt.numerics.sigmoid, and with a destination
+    engine's Sigmoid (scalar and eight lanes) gives the bits of lpt.numerics.exp, and with a destination
     the same levels."""
     rng = np.random.default_rng(3)
     magnitudes = np.float32(10.0) ** np.linspace(-30, 3, 63, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""lpt's float32 Sigmoid (lpt.numerics.sigmoid): accurate, and defined where numpy's exp is not the same everywhere."""
+"""lpt's float32 Sigmoid (lpt.numerics.exp): accurate, and defined where numpy's exp is not the same everywhere."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from lpt.numerics.sigmoid import sigmoid
+from lpt.numerics.exp import sigmoid
 
 
 def test_within_three_ulp_of_the_exact_sigmoid():

@@ -1,0 +1,99 @@
+// lpt's float32 exp, Sigmoid and erf, the sequences of float32 operations lpt/numerics/exp.py spells out and
+// explains (they are lpt's NumPy kernels'). Built with -ffp-contract=off, each line below is the same
+// rounded operation as there; s16.cpp has the eight-lane forms, built from these constants.
+#pragma once
+
+#include <immintrin.h>
+
+#include <initializer_list>
+
+namespace lpt_exp {
+
+constexpr float LOW = -86.0f, HIGH = 87.0f;
+constexpr float LOG2E = 1.44269504088896341f;
+constexpr float ROUND = 12582912.0f;  // 1.5·2^23
+constexpr float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+constexpr float P0 = 1.9875691500e-4f, P1 = 1.3981999507e-3f, P2 = 8.3334519073e-3f, P3 = 4.1665795894e-2f,
+                P4 = 1.6666665459e-1f, P5 = 5.0000001201e-1f;
+
+constexpr float ERF_NEAR[] = {-5.654105917e-04f, 4.923277535e-03f, -2.671638504e-02f, 1.128036454e-01f,
+                               -3.761234879e-01f, 1.128379107e+00f};
+constexpr float ERF_FAR[] = {1.415300276e-02f, 6.365009397e-02f, -3.761732578e-01f, 4.714790881e-01f,
+                              -4.870868102e-02f, 3.269782662e-01f, 2.645796835e-01f, 2.842616439e-01f,
+                              -1.166237707e-04f};
+
+inline float exp(float t) {
+    if (t != t) return t;
+    t = t >= LOW ? t : LOW;
+    t = t <= HIGH ? t : HIGH;
+    const float n = (t * LOG2E + ROUND) - ROUND;
+    const float r = (t - n * LN2_HI) - n * LN2_LO;
+    float p = P0;
+    p = p * r + P1;
+    p = p * r + P2;
+    p = p * r + P3;
+    p = p * r + P4;
+    p = p * r + P5;
+    const int bits = ((int)n + 127) << 23;
+    float two_to_n;
+    __builtin_memcpy(&two_to_n, &bits, sizeof two_to_n);
+    return ((p * (r * r) + r) + 1.0f) * two_to_n;
+}
+
+inline float sigmoid(float x) {
+    if (x != x) return x;
+    return 1.0f / (1.0f + exp(-x));
+}
+
+inline float erf(float x) {
+    if (x != x) return x;
+    const float a = x < 0.0f ? -x : x, z = a * a;
+    float y = 1.0f;
+    if (a < 1.0f) {
+        float p = ERF_NEAR[0];
+        for (int i = 1; i < 6; ++i) p = p * z + ERF_NEAR[i];
+        y = p * a;
+    } else if (a < 4.0f) {
+        const float s = 1.0f / (1.0f + a * 0.5f);
+        float q = ERF_FAR[0];
+        for (int i = 1; i < 9; ++i) q = q * s + ERF_FAR[i];
+        y = 1.0f - exp(-z) * q;
+    }
+    return __builtin_copysignf(y, x);
+}
+
+// exp on eight lanes, the same float32 operations in the same order: max(t, LOW)
+// gives LOW for a NaN, as t >= LOW ? t : LOW does, and the NaN lanes take their input at the end.
+__attribute__((target("avx2"))) inline __m256 exp_lanes(__m256 t) {
+    const __m256 round = _mm256_set1_ps(ROUND);
+    const __m256 clamped = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(LOW)), _mm256_set1_ps(HIGH));
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(LOG2E)), round), round);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(clamped, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
+    __m256 p = _mm256_set1_ps(P0);
+    for (const float c : {P1, P2, P3, P4, P5}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    const __m256 two_to_n = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+    const __m256 e = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
+                                                 _mm256_set1_ps(1.0f)), two_to_n);
+    return _mm256_blendv_ps(e, t, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+}
+
+// erf on eight lanes: both ranges computed, each lane taking its own, as numpy's where does.
+__attribute__((target("avx2"))) inline __m256 erf_lanes(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(ERF_NEAR[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(ERF_NEAR[i]));
+    const __m256 near = _mm256_mul_ps(p, a);
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(a, _mm256_set1_ps(0.5f))));
+    __m256 q = _mm256_set1_ps(ERF_FAR[0]);
+    for (int i = 1; i < 9; ++i) q = _mm256_add_ps(_mm256_mul_ps(q, s), _mm256_set1_ps(ERF_FAR[i]));
+    const __m256 far = _mm256_sub_ps(one, _mm256_mul_ps(exp_lanes(_mm256_xor_ps(z, sign)), q));
+    __m256 y = _mm256_blendv_ps(one, far, _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, near, _mm256_cmp_ps(a, one, _CMP_LT_OQ));
+    y = _mm256_or_ps(y, _mm256_and_ps(x, sign));  // x's sign: y is not negative
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+}  // namespace lpt_exp

@@ -1,0 +1,296 @@
+// lpt/native/float_ops.h. Built with -ffp-contract=off and without -ffast-math, as _engine.cpp, so each
+// float32 operation rounds once, as numpy's do. The loops that call exp take eight lanes at a time
+// where the CPU has AVX2 (exp.h's exp_lanes, the same operations as its scalar exp).
+
+#include "float_ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "exp.h"
+#include "s16.h"
+
+namespace lpt_ops {
+namespace {
+
+constexpr int64_t PARALLEL_WORK = 1 << 16;  // values below which a loop runs on one thread
+
+// Σ v[0 .. n) in eight lanes, as lpt.kernels.float_ops.sum_in_lanes: lane j adds v[j], v[j + 8], … (zeros
+// past the end), then ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
+inline float add_lanes(const float *lanes) {
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+float sum_in_lanes(const float *v, int64_t n) {
+    float lanes[8];
+    for (int64_t j = 0; j < 8; ++j) lanes[j] = j < n ? v[j] : 0.0f;
+    for (int64_t i = 8; i < n; i += 8)
+        for (int64_t j = 0; j < 8; ++j) lanes[j] = lanes[j] + (i + j < n ? v[i + j] : 0.0f);
+    return add_lanes(lanes);
+}
+
+__attribute__((target("avx2"))) float sum_in_lanes_avx2(const float *v, int64_t n) {
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t whole = n / 8 * 8;
+    if (whole < n) std::copy(v + whole, v + n, tail);
+    __m256 acc = whole ? _mm256_loadu_ps(v) : _mm256_load_ps(tail);
+    for (int64_t i = 8; i < whole; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + i));
+    if (whole && whole < n) acc = _mm256_add_ps(acc, _mm256_load_ps(tail));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    return add_lanes(lanes);
+}
+
+// A row's maximum, as numpy's max: the first NaN if there is one (the greatest value does not depend on
+// the order of comparisons, but for the sign of a zero, which x − m does not feel).
+float row_max(const float *x, int64_t n) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; ++i) m = (x[i] > m || x[i] != x[i]) ? x[i] : m;  // a NaN stays
+    return m;
+}
+
+__attribute__((target("avx2"))) float row_max_avx2(const float *x, int64_t n) {
+    if (n < 8) return row_max(x, n);
+    __m256 m = _mm256_loadu_ps(x), nan = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+    for (int64_t i = 8; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + std::min(i, n - 8));  // the last eight again: a max repeats harmlessly
+        m = _mm256_max_ps(m, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan)) return row_max(x, n);  // the first NaN, as row_max finds it
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    return *std::max_element(lanes, lanes + 8);
+}
+
+// A softmax row: e[i] = exp(x[i] − m), their sum in lanes, then e[i] / sum; eight lanes at a time on AVX2.
+__attribute__((target("avx2"))) void softmax_row_avx2(const float *x, int64_t n, float *e) {
+    const float m = row_max_avx2(x, n);
+    const __m256 shift = _mm256_set1_ps(m);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(e + i, lpt_exp::exp_lanes(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+    for (; i < n; ++i) e[i] = lpt_exp::exp(x[i] - m);
+    const float sum = sum_in_lanes_avx2(e, n);
+    const __m256 total = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(e + i, _mm256_div_ps(_mm256_loadu_ps(e + i), total));
+    for (; i < n; ++i) e[i] = e[i] / sum;
+}
+
+void softmax_row(const float *x, int64_t n, float *e, bool avx2) {
+    if (avx2) return softmax_row_avx2(x, n, e);
+    const float m = row_max(x, n);
+    for (int64_t i = 0; i < n; ++i) e[i] = lpt_exp::exp(x[i] - m);
+    const float sum = sum_in_lanes(e, n);
+    for (int64_t i = 0; i < n; ++i) e[i] = e[i] / sum;
+}
+
+}  // namespace
+
+void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const Pool &p, bool count_include_pad,
+                  float *out, int threads) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+    const float area = (float)(p.kernel_h * p.kernel_w);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
+    for (int64_t plane = 0; plane < planes; ++plane) {
+        const float *in = src + plane * h * w;
+        float *o = out + plane * oh * ow;
+        for (int64_t y = 0; y < oh; ++y)
+            for (int64_t x = 0; x < ow; ++x) {
+                float total = 0.0f, count = 0.0f;
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                    const int64_t ix = x * p.stride_w + kx - p.pad_left;
+                    float column = 0.0f, column_count = 0.0f;
+                    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                        const int64_t iy = y * p.stride_h + ky - p.pad_top;
+                        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+                        const float value = inside ? in[iy * w + ix] : 0.0f;
+                        column = ky == 0 ? value : column + value;
+                        column_count = column_count + (inside ? 1.0f : 0.0f);
+                    }
+                    total = kx == 0 ? column : total + column;
+                    count = count + column_count;
+                }
+                o[y * ow + x] = total / (count_include_pad ? area : count);
+            }
+    }
+}
+
+void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
+                                const Pool &p, bool count_include_pad, float *out, int threads) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+    const float area = (float)(p.kernel_h * p.kernel_w);
+#pragma omp parallel num_threads(threads) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
+    {
+        std::vector<float> column(channels);
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < images * oh; ++row) {
+            const int64_t n = row / oh, y = row % oh;
+            for (int64_t x = 0; x < ow; ++x) {
+                float *total = out + (row * ow + x) * channels;
+                float count = 0.0f;
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                    const int64_t ix = x * p.stride_w + kx - p.pad_left;
+                    float column_count = 0.0f;
+                    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                        const int64_t iy = y * p.stride_h + ky - p.pad_top;
+                        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+                        const float *in = src + ((n * h + iy) * w + ix) * channels;
+                        if (ky == 0 && inside) std::copy(in, in + channels, column.data());
+                        else if (ky == 0) std::fill(column.begin(), column.end(), 0.0f);
+                        else if (inside) for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + in[c];
+                        else for (int64_t c = 0; c < channels; ++c) column[c] = column[c] + 0.0f;
+                        column_count = column_count + (inside ? 1.0f : 0.0f);
+                    }
+                    if (kx == 0) std::copy(column.begin(), column.end(), total);
+                    else for (int64_t c = 0; c < channels; ++c) total[c] = total[c] + column[c];
+                    count = count + column_count;
+                }
+                const float divisor = count_include_pad ? area : count;
+                for (int64_t c = 0; c < channels; ++c) total[c] = total[c] / divisor;
+            }
+        }
+    }
+}
+
+namespace {
+constexpr int64_t BLOCK = 4096;  // values per task of the elementwise loops
+
+// f on [start, start + count) of each block, the blocks shared among the threads
+template <typename F>
+void each_block(int64_t n, int threads, F f) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
+    for (int64_t start = 0; start < n; start += BLOCK) f(start, std::min(BLOCK, n - start));
+}
+
+constexpr float HARD_SWISH_ALPHA = 1.0f / 6.0f, HARD_SWISH_BETA = 0.5f;
+
+inline float hard_swish_value(float x) {
+    float h = x * HARD_SWISH_ALPHA + HARD_SWISH_BETA;
+    h = h < 0.0f ? 0.0f : h;  // a NaN stays NaN, as numpy's maximum and minimum keep it
+    h = h > 1.0f ? 1.0f : h;
+    return x * h;
+}
+
+// max_ps(0, h) is 0 > h ? 0 : h and min_ps(1, h) is 1 < h ? 1 : h: the comparisons above, without branches
+__attribute__((target("avx2"))) void hard_swish_avx2(const float *x, int64_t n, float *out) {
+    const __m256 alpha = _mm256_set1_ps(HARD_SWISH_ALPHA), beta = _mm256_set1_ps(HARD_SWISH_BETA),
+                 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 h = _mm256_min_ps(one, _mm256_max_ps(zero, _mm256_add_ps(_mm256_mul_ps(v, alpha), beta)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, h));
+    }
+    for (; i < n; ++i) out[i] = hard_swish_value(x[i]);
+}
+
+__attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) out[i] = lpt_exp::erf(x[i]);
+}
+}  // namespace
+
+void hard_swish(const float *x, int64_t n, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) hard_swish_avx2(x + start, count, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = hard_swish_value(x[i]);
+    });
+}
+
+void relu(const float *x, int64_t n, float *out, int threads) {
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        for (int64_t i = start; i < start + count; ++i) out[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+    });
+}
+
+void erf(const float *x, int64_t n, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) erf_avx2(x + start, count, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::erf(x[i]);
+    });
+}
+
+namespace {
+template <char OP>
+inline float apply(float x, float y) {
+    return OP == '*' ? x * y : OP == '+' ? x + y : OP == '-' ? x - y : x / y;
+}
+
+template <char OP>
+void binary_op(const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+               int64_t positions, bool channels_last, float *out, int threads) {
+    auto combine = [small_first](float b, float s) { return small_first ? apply<OP>(s, b) : apply<OP>(b, s); };
+    if (channels <= 0) {  // elementwise, or one value
+        const int64_t n = images * positions;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
+        for (int64_t i = 0; i < n; ++i) out[i] = combine(big[i], channels == 0 ? small[i] : small[0]);
+        return;
+    }
+    const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * width >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *b = big + r * width;
+        float *o = out + r * width;
+        if (channels_last) {  // a row of channels: small's row for the image
+            const float *s = small + r / positions * channels;
+            for (int64_t c = 0; c < width; ++c) o[c] = combine(b[c], s[c]);
+        } else {  // a row of positions: one channel's value
+            const float s = small[r];
+            for (int64_t p = 0; p < width; ++p) o[p] = combine(b[p], s);
+        }
+    }
+}
+}  // namespace
+
+void binary(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+            int64_t positions, bool channels_last, float *out, int threads) {
+    switch (op) {
+        case '*': return binary_op<'*'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
+        case '+': return binary_op<'+'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
+        case '-': return binary_op<'-'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
+        default: return binary_op<'/'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
+    }
+}
+
+void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * n;
+        float *e = out + r * n;
+        if (n > 0) softmax_row(row, n, e, avx2);
+    }
+}
+
+void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,
+                float *out, int threads) {
+    const float count = (float)n;
+    auto sum = lpt_s16::supported() ? sum_in_lanes_avx2 : sum_in_lanes;
+#pragma omp parallel num_threads(threads) if (threads > 1 && rows * n >= PARALLEL_WORK)
+    {
+        std::vector<float> squares(n);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *row = x + r * n;
+            float *y = out + r * n;
+            if (n == 0) continue;
+            const float mean = sum(row, n) / count;
+            for (int64_t i = 0; i < n; ++i) y[i] = row[i] - mean;  // d, in place of y
+            for (int64_t i = 0; i < n; ++i) squares[i] = y[i] * y[i];
+            const float deviation = std::sqrt(sum(squares.data(), n) / count + epsilon);
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = y[i] / deviation * scale[i];
+                y[i] = bias ? v + bias[i] : v;
+            }
+        }
+    }
+}
+
+}  // namespace lpt_ops

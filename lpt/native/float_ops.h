@@ -1,0 +1,39 @@
+// The float32 ops between int8 layers (lpt/native/float_ops.cpp), in lpt.kernels.float_ops' order of
+// operations, which defines them: a native program computes each with the bits of lpt's NumPy kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "integer_ops.h"
+
+namespace lpt_ops {
+
+// ONNX AveragePool (2-D, floor mode, no dilation; `pool`'s dilations are 1) on float32 [planes, h, w]:
+// each window column added down its rows, then the columns left to right, the padding as 0.0, then
+// divided by the window's area (count_include_pad) or by the elements inside.
+void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const Pool &pool, bool count_include_pad,
+                  float *out, int threads);
+// The same on [images, h, w, channels] into [images, out_h, out_w, channels]: each channel's operations as above.
+void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
+                                const Pool &pool, bool count_include_pad, float *out, int threads);
+// x·min(max(x·f32(1/6) + 0.5, 0), 1), a NaN staying NaN as with numpy's maximum and minimum.
+void hard_swish(const float *x, int64_t n, float *out, int threads);
+// out = big ∘ small, or small ∘ big with `small_first` (∘: op '*', '+', '-' or '/'), over big's values:
+// small elementwise (channels 0, big's layout), one value (channels < 0), or one value per image and
+// channel (channels > 0) over big [images, channels, positions] (or [images, positions, channels] with
+// `channels_last`), small [images, channels].
+void binary(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+            int64_t positions, bool channels_last, float *out, int threads);
+// x > 0 or NaN ? x : 0 (lpt.kernels.float_ops.relu: −0 becomes 0).
+void relu(const float *x, int64_t n, float *out, int threads);
+// lpt's erf (exp.h) of each value.
+void erf(const float *x, int64_t n, float *out, int threads);
+// ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)
+// (exp.h), s = the e added in order, y = e / s.
+void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads);
+// ONNX LayerNormalization along the last axis of [rows, n]: the mean (the row added in order, / n), d = x − mean,
+// the variance (d·d added in order, / n), y = d / sqrt(variance + epsilon) · scale[i] + bias[i] (bias may be null).
+void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,
+                float *out, int threads);
+
+}  // namespace lpt_ops
