@@ -219,3 +219,30 @@ def test_float_ops_between_int8_layers_are_lpts_and_keep_one_native_program():
     np.testing.assert_allclose(ours, run_onnxruntime(int8, {"x": x})["y"], rtol=1e-5, atol=1e-5)
     if lpt.native.available():
         assert [s.engine for s in plan.run_steps] == ["", ENGINE]
+
+
+def test_a_token_embedding_starts_the_native_program_and_refuses_an_index_outside_its_table():
+    import lpt.native
+    from lpt.backend.native_program import ENGINE
+    from lpt.errors import DataError
+
+    g = Graph()
+    embedded = g.op("Gather", [g.const(g.rng.normal(size=(11, 8)).astype(np.float32)), "tokens"])
+    positioned = g.op("Add", [embedded, g.const(g.rng.normal(size=(1, 5, 8)).astype(np.float32))])
+    g.op("MatMul", [g.fq(positioned, 0.03, np.uint8(128)), g.weight((8, 4), axis=1)], name="y")
+    proto, fq_model = g.build({"tokens": [None, 5]}, ["y"])
+    proto.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT64
+    fq_model = ir_model(proto)
+    normalize(fq_model)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert not [s for s in plan.steps if s.backend == "onnxruntime"]
+    tokens = np.array([[0, 3, 10, -1, 4], [2, 2, 9, 0, -11]], np.int64)
+    # against the fake-quantized model: onnxruntime's u8×s8 MatMulInteger saturates on a CPU without VNNI
+    np.testing.assert_allclose(plan.run({"tokens": tokens})["y"], run_onnxruntime(fq_model, {"tokens": tokens})["y"],
+                               rtol=1e-5, atol=1e-5)
+    if lpt.native.available():
+        assert [s.engine for s in plan.run_steps] == [ENGINE]
+    with pytest.raises(DataError, match="Gather.*outside"):
+        plan.run({"tokens": np.array([[0, 1, 2, 3, 11]], np.int64)})

@@ -17,8 +17,10 @@ the same bits:
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
+    Gather (a constant table)    numpy's take                     "gather"
 
-The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads;
+The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
+and a Gather from a constant table where the model's input holds its indices (a token embedding);
 elsewhere float32 regions stay with onnxruntime. onnxruntime computes the same bits but for the
 averages, Softmax and LayerNormalization, whose sums (and exp) it computes in its own way: the last
 bits of a value differ (kernels.float_ops says where).
@@ -32,6 +34,7 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.chains import attribute
 from lpt.backend.int8_steps import _step
+from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.numerics.exp import erf
 
@@ -46,6 +49,8 @@ def _float_step(run, inputs, node, native) -> tuple:
 
 def try_float_step(node: ir.Node) -> tuple | None:
     """The step for a float32 op between int8 layers (the table above), or None where lpt does not take it."""
+    if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
+        return _lookup(node)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
         return None
     if node.op_type in (*_BINARY, "Concat") and any(v is None or v.dtype != _FLOAT for v in node.inputs):
@@ -77,6 +82,33 @@ def try_float_step(node: ir.Node) -> tuple | None:
             return _float_step(lambda *parts: [np.concatenate(parts, axis=1)], list(node.inputs), node,
                                ("concat", None))
     return None
+
+
+def reads_model_input_from_a_table(node: ir.Node, constants: dict) -> bool:
+    """A Gather from a constant float32 table by indices the model is given (a token embedding): taken at
+    the model's input, where it splits no onnxruntime region."""
+    if node.op_type != "Gather" or len(node.inputs) != 2 or node.inputs[1] is None:
+        return False
+    indices = node.inputs[1]
+    return indices.producer() is None and indices.name not in constants and const_array(node.inputs[0]) is not None
+
+
+def _lookup(node: ir.Node) -> tuple | None:
+    """Gather along axis 0 of a constant float32 table: rows by index, numpy's take."""
+    table = const_array(node.inputs[0])
+    if table is None or table.dtype != np.float32 or table.ndim < 1 or attribute(node, "axis", 0) != 0:
+        return None
+    if node.inputs[1].dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    name, rows = node.name, table.shape[0]
+
+    def look_up(indices):
+        indices = np.asarray(indices)
+        if indices.size and (indices.min() < -rows or indices.max() >= rows):
+            raise DataError(f"node {name!r} (Gather): an index outside [{-rows}, {rows - 1}]")
+        return [np.take(table, indices, axis=0)]
+
+    return _float_step(look_up, [node.inputs[1]], node, ("gather", (np.ascontiguousarray(table).reshape(-1), table.shape)))
 
 
 def _is_last_axis(node: ir.Node, x: ir.Value, default: int | None) -> bool:
@@ -133,12 +165,13 @@ def _average_pool(node: ir.Node) -> tuple | None:
 
 
 def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
-    """Whether the shapes are ones the engine's "binary" takes: the same, one value (a scalar), or one value
-    per image and channel ([N, C, 1, ...]) over [N, C, *spatial]. Symbolic dimensions may be equal; the
+    """Whether the shapes are ones the engine's "binary" takes: the same, one value (a scalar), one value
+    per image and channel ([N, C, 1, ...]) over [N, C, *spatial], or one operand repeated over the other's
+    leading axes ([1, T, C] over [N, T, C]). Symbolic dimensions may be equal; the
     engine checks them at run time (a program whose instruction does not take its input gives way)."""
     if a.shape is None or b.shape is None:
         return False
-    if _one_value(a.shape) or _one_value(b.shape):
+    if _one_value(a.shape) or _one_value(b.shape) or _repeats(a.shape, b.shape) or _repeats(b.shape, a.shape):
         return True
     if len(a.shape) != len(b.shape):
         return False
@@ -147,6 +180,15 @@ def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
     big, small = (a, b) if all(d == 1 for d in b.shape[2:]) else (b, a)
     return (len(big.shape) >= 3 and all(_may_equal(x, y) for x, y in zip(small.shape[:2], big.shape[:2]))
             and all(d == 1 for d in small.shape[2:]))
+
+
+def _repeats(small, big) -> bool:
+    """Whether `small` is `big`'s last dimensions after leading 1s (a position embedding [1, T, C] over [N, T, C])."""
+    small, big = tuple(small), tuple(big)
+    if len(small) > len(big):
+        return False
+    first = next((i for i, d in enumerate(small) if d != 1), len(small))
+    return all(_may_equal(d, e) for d, e in zip(small[first:], big[len(big) - len(small) + first:]))
 
 
 def _one_value(shape) -> bool:

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
 from lpt.backend import native_program
-from lpt.backend.float_steps import try_float_step
+from lpt.backend.float_steps import reads_model_input_from_a_table, try_float_step
 from lpt.backend.int8_steps import try_int8_step, try_join_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.step import Step
@@ -144,7 +144,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
-        if fused is None and _between_int8_steps(node, claimed, constants):
+        if fused is None and (_between_int8_steps(node, claimed, constants)
+                              or reads_model_input_from_a_table(node, constants)):
             fused = try_float_step(node)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)

@@ -930,7 +930,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    average_pool, relu, hard_swish, erf, binary, concat, softmax, layer_norm, mean_axis_1
+    average_pool, relu, hard_swish, erf, binary, concat, softmax, layer_norm, mean_axis_1, gather
 };
 
 struct Instruction {
@@ -953,6 +953,7 @@ struct Instruction {
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty)
     float epsilon = 0;               // layer_norm
     bool keepdims = false;           // mean_axis_1
+    std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
 };
 
 struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and where its values are
@@ -971,7 +972,8 @@ struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and whe
         for (size_t i = 2; i < dims.size(); ++i) n *= dims[i];
         return n;
     }
-    int item() const { return type == 'f' ? 4 : 1; }
+    int item() const { return type == 'q' ? 8 : type == 'f' || type == 'i' ? 4 : 1; }
+    bool eight_bit() const { return type == 'B' || type == 'b'; }
     bool transposed() const {  // channels-last in memory, and not also channels-first (one channel or position)
         return channels_last && dims.size() > 2 && dims[1] > 1 && positions() > 1;
     }
@@ -1025,7 +1027,7 @@ std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<in
 
 void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<unsigned char> &scratch) {
     Operation &op = *ins.operation;
-    if (src.type == 'f') throw Unsupported("a layer reads float32");
+    if (!src.eight_bit()) throw Unsupported("a layer reads other than 8-bit integers");
     const int expected_rank = op.kind == Kind::conv ? (int)op.weight_dims.size() - (op.groups > 1 ? 1 : 0) : -1;
     if ((op.kind == Kind::conv && (int)src.dims.size() != expected_rank) || src.dims.size() < 2 ||
         (op.kind == Kind::conv ? src.dims[1] : src.dims.back()) != op.in_channels)
@@ -1060,6 +1062,17 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
     }
 }
 
+// Whether `small` broadcasts onto `big` by repeating whole: its dimensions big's last ones, after 1s.
+bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big) {
+    if (small.size() > big.size()) return false;
+    const size_t skip = big.size() - small.size();
+    size_t first = 0;
+    while (first < small.size() && small[first] == 1) ++first;
+    for (size_t i = first; i < small.size(); ++i)
+        if (small[i] != big[skip + i]) return false;
+    return true;
+}
+
 void step(Program &program, const Instruction &ins) {
     std::vector<Slot> &slots = program.slots;
     Slot &out = slots[ins.out];
@@ -1077,7 +1090,7 @@ void step(Program &program, const Instruction &ins) {
             break;
         }
         case Code::max_pool: {
-            if (a.type == 'f' || a.dims.size() != 4) throw Unsupported("max pool on other than 8-bit [N, C, H, W]");
+            if (!a.eight_bit() || a.dims.size() != 4) throw Unsupported("max pool on other than 8-bit [N, C, H, W]");
             const int64_t h = a.dims[2], w = a.dims[3];
             out.dims = {a.dims[0], a.dims[1], ins.pool.out_h(h), ins.pool.out_w(w)};
             void *o = out.allocate(a.type, out.count());
@@ -1091,7 +1104,7 @@ void step(Program &program, const Instruction &ins) {
         }
         case Code::join: {
             const Slot &b = slots[ins.in[1]];
-            if (a.type == 'f' || b.type == 'f' || a.dims != b.dims) throw Unsupported("a join of other than equal 8-bit shapes");
+            if (!a.eight_bit() || !b.eight_bit() || a.dims != b.dims) throw Unsupported("a join of other than equal 8-bit shapes");
             out.dims = a.dims;
             out.channels_last = a.transposed();
             const void *b_data = b.data;  // b in a's layout
@@ -1109,7 +1122,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::product: {
             const Slot &b = slots[ins.in[1]];
             const size_t r = a.dims.size();
-            if (a.type == 'f' || b.type == 'f' || r < 2 || b.dims.size() != r)
+            if (!a.eight_bit() || !b.eight_bit() || r < 2 || b.dims.size() != r)
                 throw Unsupported("a product of other than two 8-bit tensors of one rank");
             if (!std::equal(a.dims.begin(), a.dims.end() - 2, b.dims.begin()) || a.dims[r - 1] != b.dims[r - 2])
                 throw Unsupported("a product whose operands do not fit without broadcasting");
@@ -1193,6 +1206,12 @@ void step(Program &program, const Instruction &ins) {
             } else if (small.count() == 1 && small.dims.size() <= big.dims.size()) {
                 lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, -1, big.count(),
                                 false, o, program.threads);
+            } else if (repeats(small.dims, big.dims) && !big.transposed() && !small.transposed()) {
+                // small once per leading index of big ([1, T, C] over [N, T, C]: a position embedding)
+                const int64_t times = big.count() / small.count();
+                for (int64_t t = 0; t < times; ++t)
+                    lpt_ops::binary(ins.op, static_cast<const float *>(big.data) + t * small.count(), values,
+                                    small_first, 1, 0, small.count(), false, o + t * small.count(), program.threads);
             } else {
                 // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial]: a squeeze-excite's scale
                 if (big.dims.size() < 3 || small.dims.size() != big.dims.size() || small.dims[0] != big.dims[0] ||
@@ -1311,6 +1330,20 @@ void step(Program &program, const Instruction &ins) {
             out.dims = ins.keepdims ? std::vector<int64_t>{a.dims[0], 1, a.dims[2]} : std::vector<int64_t>{a.dims[0], a.dims[2]};
             lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[2], a.dims[1], true,
                                        static_cast<float *>(out.allocate('f', out.count())), program.threads);
+            break;
+        }
+        case Code::gather: {  // rows of the table by int32/int64 index, negative ones from the end
+            if (a.type != 'q' && a.type != 'i') throw Unsupported("a gather by other than int32 or int64 indices");
+            const int64_t rows = ins.shape[0], width = rows ? (int64_t)ins.table.size() / rows : 0;
+            out.dims = a.dims;
+            out.dims.insert(out.dims.end(), ins.shape.begin() + 1, ins.shape.end());
+            float *o = static_cast<float *>(out.allocate('f', out.count()));
+            for (int64_t i = 0; i < a.count(); ++i) {
+                int64_t index = a.type == 'q' ? static_cast<const int64_t *>(a.data)[i] : static_cast<const int32_t *>(a.data)[i];
+                if (index < -rows || index >= rows) throw Unsupported("a gather index outside the table");
+                if (index < 0) index += rows;
+                std::memcpy(o + i * width, ins.table.data() + index * width, width * sizeof(float));
+            }
             break;
         }
         case Code::flatten: {
@@ -1446,6 +1479,18 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = Code::mean_axis_1;
                 parsed = PyArg_ParseTuple(extra, "p", &keepdims);
                 ins.keepdims = keepdims;
+            } else if (k == "gather") {  // (the table's values, its shape)
+                PyObject *values, *shape;
+                ins.code = Code::gather;
+                parsed = PyArg_ParseTuple(extra, "OO", &values, &shape);
+                if (parsed) {
+                    ins.table = float_vector(values, "gather's table");
+                    ins.shape = int_sequence(shape, "gather's table shape");
+                    int64_t count = 1;
+                    for (auto d : ins.shape) count *= d;
+                    if (ins.shape.empty() || count != (int64_t)ins.table.size())
+                        throw std::invalid_argument("gather's table does not have its shape");
+                }
             } else if (k == "flatten") {
                 ins.code = Code::flatten;
                 ins.axis = PyLong_AsLongLong(extra);
@@ -1496,8 +1541,9 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         Slot &slot = program->slots[program->inputs[i]];
         const Py_buffer &v = buffers[i].view;
         slot.type = buffers[i].format();
-        if (slot.type != 'f' && slot.type != 'B' && slot.type != 'b') {
-            PyErr_SetString(PyExc_NotImplementedError, "program_run: an input other than float32, uint8, int8");
+        if (slot.type == 'l' && v.itemsize == 8) slot.type = 'q';  // int64: a gather's indices
+        if (slot.type != 'f' && slot.type != 'B' && slot.type != 'b' && slot.type != 'q' && slot.type != 'i') {
+            PyErr_SetString(PyExc_NotImplementedError, "program_run: an input other than float32, 8-bit or int32/int64");
             return nullptr;
         }
         slot.dims.assign(v.shape, v.shape + v.ndim);
@@ -1527,7 +1573,7 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     PyObject *results = error.empty() ? PyList_New(0) : nullptr;
     for (size_t i = 0; results && i < program->outputs.size(); ++i) {
         const Slot &slot = program->slots[program->outputs[i]];
-        const Py_ssize_t bytes = (Py_ssize_t)(slot.count() * (slot.type == 'f' ? 4 : 1));
+        const Py_ssize_t bytes = (Py_ssize_t)(slot.count() * slot.item());
         PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
         PyObject *shape = PyTuple_New((Py_ssize_t)slot.dims.size());
         if (data && shape) {

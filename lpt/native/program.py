@@ -12,7 +12,9 @@ prepared lpt.native Conv or MatMul), "quantize" (scale, zero point, qmin, qmax, 
 "flatten" (axis), "product" (a prepared lpt.native Product), and on float32 "mean" (a global
 average), "average_pool" (kernel, strides, pads, count_include_pad), "hard_swish", "binary" ("mul"
 or "add": the same shapes, or one value per channel) and "concat" (the channels, any number of
-inputs). Each computes what the step computes in Python, bit for bit. Where an
+inputs), "softmax", "layer_norm" (scale, bias or None, epsilon), "relu", "erf", "mean_axis_1" (keepdims)
+and "gather" (a constant table's values and shape, by int32/int64 indices). Each computes what the
+step computes in Python, bit for bit. Where an
 instruction meets what it does not take (a float tensor where it expects integers, joins of
 different shapes), the call raises `Unsupported` and nothing is returned: the caller runs the
 steps one by one instead.
@@ -25,7 +27,8 @@ import numpy as np
 from lpt.native._library import engine
 from lpt.native.operations import Unsupported
 
-_DTYPES = {"f": np.dtype(np.float32), "B": np.dtype(np.uint8), "b": np.dtype(np.int8)}
+_DTYPES = {"f": np.dtype(np.float32), "B": np.dtype(np.uint8), "b": np.dtype(np.int8), "q": np.dtype(np.int64),
+           "i": np.dtype(np.int32)}
 
 
 class Program:

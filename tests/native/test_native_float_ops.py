@@ -71,11 +71,11 @@ OPERATIONS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.d
 
 @given(seed=st.integers(0, 2**32 - 1), operation=st.sampled_from(sorted(OPERATIONS)), layouts=st.tuples(
     st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
-       other=st.sampled_from(["same", "per_channel", "scalar"]), swapped=st.booleans())
+       other=st.sampled_from(["same", "per_channel", "scalar", "repeated"]), swapped=st.booleans())
 @settings(max_examples=60, deadline=None)
 def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped):
-    """The same shape in either layout, a scalar, or a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W],
-    on either side (Sub and Div keep the operands' order)."""
+    """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W], or
+    one image's values over every image, on either side (Sub and Div keep the operands' order)."""
     rng = np.random.default_rng(seed)
     make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
     if other == "same":
@@ -83,7 +83,10 @@ def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, s
         make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
         feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
     else:
-        b = rng.normal(0, 2, (2, 6, 1, 1) if other == "per_channel" else (1, 1, 1)).astype(np.float32)
+        shape = {"per_channel": (2, 6, 1, 1), "scalar": (1, 1, 1), "repeated": (1, 6, 5, 4)}[other]
+        b = rng.normal(0, 2, shape).astype(np.float32)
+        if other == "repeated" and layouts[0] == "channels_last":
+            make_a, feeds_a, a = source(rng, (2, 6, 5, 4), "channels_first")  # repeated: channels-first only
         make_b, feeds_b = [], {"b": b}
     operands = ["b", "x"] if swapped else ["x", "b"]
     program = Program(make_a + make_b + [("binary", operands, "y", operation)], list(feeds_a) + list(feeds_b), ["y"],
@@ -156,3 +159,17 @@ def test_erf_at_its_ends_and_a_sequences_mean():
     for keepdims in (False, True):
         [mean] = Program([("mean_axis_1", ["x"], "y", (keepdims,))], ["x"], ["y"], threads=1)(sequence)
         assert same_bits(mean, mean_over_axis_1(sequence, keepdims))
+
+
+@pytest.mark.parametrize("index_type", [np.int64, np.int32])
+def test_a_lookup_in_a_constant_table_is_numpys_take(index_type):
+    """A token embedding: rows by index (negative ones from the end); an index outside the table gives way
+    to the step, which says which node and why."""
+    rng = np.random.default_rng(5)
+    table = rng.normal(0, 1, (17, 4, 3)).astype(np.float32)
+    indices = rng.integers(-17, 17, (2, 9)).astype(index_type)
+    program = Program([("gather", ["i"], "y", (table.reshape(-1), table.shape))], ["i"], ["y"], threads=1)
+    [y] = program(indices)
+    assert same_bits(y, np.take(table, indices, axis=0))
+    with pytest.raises(Unsupported, match="outside the table"):
+        program(np.array([[3, 17]], index_type))

@@ -128,6 +128,8 @@ def test_a_plan_runs_its_int8_body_as_one_native_call_with_the_same_bits(name, t
         assert [s.engine for s in plan.run_steps] == [ENGINE]  # its float32 ops too (lpt.backend.float_steps)
     if name == "digits_transformer":
         assert sum(s.engine == lpt.native.PRODUCT_ENGINE for s in plan.steps) == 2
+        # the embedding, LayerNormalization, Softmax and GELU too (lpt.backend.float_steps)
+        assert [s.engine for s in plan.run_steps] == [ENGINE]
     programs = [s for s in plan.run_steps if s.engine == ENGINE]
     assert programs and len(plan.run_steps) < len(plan.steps)
     fused = plan.run(feeds)
