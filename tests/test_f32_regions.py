@@ -246,3 +246,40 @@ def test_a_token_embedding_starts_the_native_program_and_refuses_an_index_outsid
         assert [s.engine for s in plan.run_steps] == [ENGINE]
     with pytest.raises(DataError, match="Gather.*outside"):
         plan.run({"tokens": np.array([[0, 1, 2, 3, 11]], np.int64)})
+
+
+def test_a_layer_norm_written_out_is_lpts():
+    """ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add between two int8 layers (openWakeWord's
+    models): lpt's float32 steps, in the layers' native program, with the bits of lpt's kernels."""
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 16), axis=1)])
+    mean = g.op("ReduceMean", [x], axes=[-1])
+    centred = g.op("Sub", [x, mean])
+    variance = g.op("ReduceMean", [g.op("Pow", [centred, g.const(np.float32(2.0))])], axes=[-1])
+    deviation = g.op("Sqrt", [g.op("Add", [variance, g.const(np.float32(1e-5))])])
+    normed = g.op("Add", [g.op("Mul", [g.op("Div", [centred, deviation]), g.const(np.full(16, 1.5, np.float32))]),
+                          g.const(np.full(16, 0.1, np.float32))])
+    g.op("MatMul", [g.fq(normed, 0.05, np.uint8(128)), g.weight((16, 4), axis=1)], name="y")
+    _, fq_model = g.build({"x": [3, 8]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == []
+    x_values = RNG.uniform(-3, 3, (3, 8)).astype(np.float32)
+    ours = plan.run({"x": x_values})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x_values})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
+
+
+def test_a_float_op_between_two_parts_of_one_onnxruntime_region_stays_in_it():
+    """Sub(x, ReduceMax(x)) → Softplus: the Sub reads an int8 layer's output, but lpt takes neither the
+    ReduceMax before it nor the Softplus after it; taken, it would cut their region in two sessions."""
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 16), axis=1)])
+    softened = g.op("Softplus", [g.op("Sub", [x, g.op("ReduceMax", [x], axes=[-1])])])
+    g.op("MatMul", [g.fq(softened, 0.05, np.uint8(0)), g.weight((16, 4), axis=1)], name="y")
+    _, fq_model = g.build({"x": [3, 8]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("ReduceMax", "Sub", "Softplus")]

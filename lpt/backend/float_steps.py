@@ -16,7 +16,9 @@ the same bits:
     Concat (channels)            numpy's concatenate              "concat"
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
+    ReduceMean (the last axis)   kernels.mean_over_last_axis      "mean_last_axis"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
+    Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
@@ -62,6 +64,11 @@ def try_float_step(node: ir.Node) -> tuple | None:
         return _float_step(lambda a: [kernels.hard_swish(a)], [x], node, ("hard_swish", None))
     if node.op_type == "Relu":
         return _float_step(lambda a: [kernels.relu(a)], [x], node, ("relu", None))
+    if node.op_type == "Sqrt":
+        return _float_step(lambda a: [np.sqrt(a)], [x], node, ("sqrt", None))
+    if node.op_type == "Pow" and (exponent := const_array(node.inputs[1])) is not None and exponent.size == 1 \
+            and float(exponent.reshape(())) == 2.0:  # x·x, one rounding, as pow(x, 2) rounds it
+        return _float_step(lambda a, b: [a * b], [x, x], node, ("binary", "mul"))
     if node.op_type == "Erf":
         return _float_step(lambda a: [erf(a)], [x], node, ("erf", None))
     if node.op_type == "AveragePool":
@@ -75,7 +82,7 @@ def try_float_step(node: ir.Node) -> tuple | None:
     if node.op_type == "LayerNormalization":
         return _layer_norm(node)
     if node.op_type == "ReduceMean":
-        return _mean_over_axis_1(node)
+        return _reduce_mean(node)
     if node.op_type == "Concat" and x.shape is not None:
         axis = attribute(node, "axis", 1)
         if axis in (1, 1 - len(x.shape)) and len(x.shape) >= 2:
@@ -139,16 +146,21 @@ def _layer_norm(node: ir.Node) -> tuple | None:
                        ("layer_norm", (scale, bias, epsilon)))
 
 
-def _mean_over_axis_1(node: ir.Node) -> tuple | None:
-    """ReduceMean over axis 1 of [N, T, C]: a sequence's mean before a classifier."""
+def _reduce_mean(node: ir.Node) -> tuple | None:
+    """ReduceMean over the last axis (a LayerNorm written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
     x = node.inputs[0]
     axes = attribute(node, "axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_array(node.inputs[1])
-    if x.shape is None or len(x.shape) != 3 or axes is None or [int(a) for a in np.reshape(axes, -1)] not in ([1], [-2]):
+    if x.shape is None or axes is None or np.size(axes) != 1:
         return None
-    keepdims = bool(attribute(node, "keepdims", 1))
-    return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
+    axis, rank, keepdims = int(np.reshape(axes, ())), len(x.shape), bool(attribute(node, "keepdims", 1))
+    if axis in (-1, rank - 1) and rank >= 1:
+        return _float_step(lambda a: [kernels.mean_over_last_axis(a, keepdims)], [x], node,
+                           ("mean_last_axis", (keepdims,)))
+    if axis in (1, -2) and rank == 3:
+        return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
+    return None
 
 
 def _average_pool(node: ir.Node) -> tuple | None:
@@ -166,12 +178,14 @@ def _average_pool(node: ir.Node) -> tuple | None:
 
 def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
     """Whether the shapes are ones the engine's "binary" takes: the same, one value (a scalar), one value
-    per image and channel ([N, C, 1, ...]) over [N, C, *spatial], or one operand repeated over the other's
-    leading axes ([1, T, C] over [N, T, C]). Symbolic dimensions may be equal; the
+    per image and channel ([N, C, 1, ...]) over [N, C, *spatial], one per row ([..., 1] over [..., n]), or
+    one operand repeated over the other's leading axes ([1, T, C] over [N, T, C]). Symbolic dimensions may be equal; the
     engine checks them at run time (a program whose instruction does not take its input gives way)."""
     if a.shape is None or b.shape is None:
         return False
     if _one_value(a.shape) or _one_value(b.shape) or _repeats(a.shape, b.shape) or _repeats(b.shape, a.shape):
+        return True
+    if _per_row(a.shape, b.shape) or _per_row(b.shape, a.shape):
         return True
     if len(a.shape) != len(b.shape):
         return False
@@ -189,6 +203,12 @@ def _repeats(small, big) -> bool:
         return False
     first = next((i for i, d in enumerate(small) if d != 1), len(small))
     return all(_may_equal(d, e) for d, e in zip(small[first:], big[len(big) - len(small) + first:]))
+
+
+def _per_row(small, big) -> bool:
+    """Whether `small` is `big` with a last dimension of 1 (a mean over the last axis, kept)."""
+    return (len(small) == len(big) and small[-1] == 1
+            and all(_may_equal(d, e) for d, e in zip(tuple(small)[:-1], tuple(big)[:-1])))
 
 
 def _one_value(shape) -> bool:

@@ -170,10 +170,21 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
 
 
 def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict) -> bool:
-    """Whether one of lpt's steps makes a tensor `node` reads at run time: a float32 op there keeps the
-    native program whole (lpt.backend.float_steps); one the graph's f32 part feeds stays with it."""
-    return any(v is not None and v.name not in constants and v.producer() is not None and id(v.producer()) in claimed
-               for v in node.inputs)
+    """Whether one of lpt's steps makes a tensor `node` reads at run time, so that a float32 op there keeps
+    the native program whole (lpt.backend.float_steps). Not where it would cut an onnxruntime region in two:
+    when the graph's f32 part also feeds it, and a node reading its output would stay f32 (neither a float
+    step nor a quantize), taking it leaves two sessions where there was one (a LayerNorm written out as
+    ReduceMean, Sub, Pow, ... whose ReduceMean lpt does not take)."""
+    producers = [v.producer() for v in node.inputs if v is not None and v.name not in constants and v.producer() is not None]
+    if not any(id(p) in claimed for p in producers):
+        return False
+    if all(id(p) in claimed for p in producers):
+        return True
+    readers = [user for v in node.outputs for user, _ in v.uses()]
+    return all(reader.op_type in _QUANTIZES or try_float_step(reader) is not None for reader in readers)
+
+
+_QUANTIZES = ("QuantizeLinear", "Quantize")  # an int8 step starts there
 
 
 def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32_nodes: list[ir.Node]) -> list:

@@ -101,6 +101,13 @@ def layer_norm(x, scale, bias=None, epsilon=1e-5) -> np.ndarray:
     return y if bias is None else y + np.asarray(bias, np.float32)
 
 
+def mean_over_last_axis(x, keepdims: bool) -> np.ndarray:
+    """ReduceMean over the last axis of float32: the values added in lanes (sum_in_lanes), divided by their count."""
+    x = np.asarray(x, dtype=np.float32)
+    mean = sum_in_lanes(x) / np.float32(x.shape[-1])
+    return mean if keepdims else mean[..., 0]
+
+
 def mean_over_axis_1(x, keepdims: bool) -> np.ndarray:
     """ReduceMean over axis 1 of float32 [N, T, C] (a sequence's mean): each channel's T values added in order,
     then divided by T, as the global average (kernels.global_average_pool) adds them."""

@@ -930,7 +930,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    average_pool, relu, hard_swish, erf, binary, concat, softmax, layer_norm, mean_axis_1, gather
+    average_pool, relu, hard_swish, erf, sqrt, binary, concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
 
 struct Instruction {
@@ -1174,14 +1174,16 @@ void step(Program &program, const Instruction &ins) {
         }
         case Code::relu:
         case Code::hard_swish:
+        case Code::sqrt:
         case Code::erf: {  // elementwise: either layout
-            if (a.type != 'f') throw Unsupported("a float32 Relu, HardSwish or Erf of integers");
+            if (a.type != 'f') throw Unsupported("a float32 Relu, HardSwish, Sqrt or Erf of integers");
             out.dims = a.dims;
             out.channels_last = a.channels_last;
             const float *in = static_cast<const float *>(a.data);
             float *o = static_cast<float *>(out.allocate('f', a.count()));
             if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
+            else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
             else lpt_ops::hard_swish(in, a.count(), o, program.threads);
             break;
         }
@@ -1206,6 +1208,12 @@ void step(Program &program, const Instruction &ins) {
             } else if (small.count() == 1 && small.dims.size() <= big.dims.size()) {
                 lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, -1, big.count(),
                                 false, o, program.threads);
+            } else if (small.dims.size() == big.dims.size() && small.dims.back() == 1 && !big.transposed() &&
+                       std::equal(small.dims.begin(), small.dims.end() - 1, big.dims.begin())) {
+                // one value per row, [..., 1] over [..., n]: a written-out LayerNorm's mean
+                const int64_t n = big.dims.back();
+                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, n ? big.count() / n : 0,
+                                n, false, o, program.threads);
             } else if (repeats(small.dims, big.dims) && !big.transposed() && !small.transposed()) {
                 // small once per leading index of big ([1, T, C] over [N, T, C]: a position embedding)
                 const int64_t times = big.count() / small.count();
@@ -1322,6 +1330,22 @@ void step(Program &program, const Instruction &ins) {
                 lpt_ops::layer_norm(in, rows, n, ins.gamma.data(), ins.beta.empty() ? nullptr : ins.beta.data(),
                                     ins.epsilon, o, program.threads);
             }
+            break;
+        }
+        case Code::mean_last_axis: {
+            if (a.type != 'f' || a.dims.empty() || a.dims.back() == 0) throw Unsupported("a mean of other than float32 rows");
+            const float *in = static_cast<const float *>(a.data);
+            if (a.transposed()) {
+                program.scratch.resize(a.count() * sizeof(float));
+                a.channels_first_into(program.scratch.data(), program.threads);
+                in = reinterpret_cast<const float *>(program.scratch.data());
+            }
+            const int64_t n = a.dims.back();
+            out.dims = a.dims;
+            if (ins.keepdims) out.dims.back() = 1;
+            else out.dims.pop_back();
+            lpt_ops::mean_of_rows(in, a.count() / n, n, static_cast<float *>(out.allocate('f', a.count() / n)),
+                                  program.threads);
             break;
         }
         case Code::mean_axis_1: {  // [N, T, C] → [N, C] or [N, 1, C]: C channels-last over T positions
@@ -1443,6 +1467,13 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = Code::erf;
             } else if (k == "relu") {
                 ins.code = Code::relu;
+            } else if (k == "sqrt") {
+                ins.code = Code::sqrt;
+            } else if (k == "mean_last_axis") {  // keepdims
+                int keepdims;
+                ins.code = Code::mean_last_axis;
+                parsed = PyArg_ParseTuple(extra, "p", &keepdims);
+                ins.keepdims = keepdims;
             } else if (k == "binary") {  // "mul", "add", "sub" or "div"
                 ins.code = Code::binary;
                 const char *which = PyUnicode_AsUTF8(extra);

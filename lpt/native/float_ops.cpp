@@ -269,6 +269,18 @@ void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
     }
 }
 
+void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threads) {
+    auto sum = lpt_s16::supported() ? sum_in_lanes_avx2 : sum_in_lanes;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; ++r) out[r] = sum(x + r * n, n) / (float)n;
+}
+
+void square_root(const float *x, int64_t n, float *out, int threads) {
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        for (int64_t i = start; i < start + count; ++i) out[i] = std::sqrt(x[i]);
+    });
+}
+
 void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,
                 float *out, int threads) {
     const float count = (float)n;

@@ -31,6 +31,10 @@ void erf(const float *x, int64_t n, float *out, int threads);
 // ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)
 // (exp.h), s = the e added in order, y = e / s.
 void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads);
+// ReduceMean over the last axis of [rows, n]: each row added in lanes, / n.
+void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threads);
+// sqrt of each value (rounded once, as numpy's).
+void square_root(const float *x, int64_t n, float *out, int threads);
 // ONNX LayerNormalization along the last axis of [rows, n]: the mean (the row added in order, / n), d = x − mean,
 // the variance (d·d added in order, / n), y = d / sqrt(variance + epsilon) · scale[i] + bias[i] (bias may be null).
 void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,

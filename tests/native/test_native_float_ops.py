@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import average_pool, hard_swish, layer_norm, mean_over_axis_1, relu, softmax
+from lpt.kernels import average_pool, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu, softmax
 from lpt.native import Unsupported
 from lpt.native.program import Program
 from lpt.numerics.exp import erf
@@ -71,11 +71,11 @@ OPERATIONS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.d
 
 @given(seed=st.integers(0, 2**32 - 1), operation=st.sampled_from(sorted(OPERATIONS)), layouts=st.tuples(
     st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
-       other=st.sampled_from(["same", "per_channel", "scalar", "repeated"]), swapped=st.booleans())
+       other=st.sampled_from(["same", "per_channel", "scalar", "repeated", "per_row"]), swapped=st.booleans())
 @settings(max_examples=60, deadline=None)
 def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped):
-    """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W], or
-    one image's values over every image, on either side (Sub and Div keep the operands' order)."""
+    """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W], one
+    value per row, or one image's values over every image, on either side (Sub and Div keep the operands' order)."""
     rng = np.random.default_rng(seed)
     make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
     if other == "same":
@@ -83,10 +83,10 @@ def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, s
         make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
         feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
     else:
-        shape = {"per_channel": (2, 6, 1, 1), "scalar": (1, 1, 1), "repeated": (1, 6, 5, 4)}[other]
+        shape = {"per_channel": (2, 6, 1, 1), "scalar": (1, 1, 1), "repeated": (1, 6, 5, 4), "per_row": (2, 6, 5, 1)}[other]
         b = rng.normal(0, 2, shape).astype(np.float32)
-        if other == "repeated" and layouts[0] == "channels_last":
-            make_a, feeds_a, a = source(rng, (2, 6, 5, 4), "channels_first")  # repeated: channels-first only
+        if other in ("repeated", "per_row") and layouts[0] == "channels_last":
+            make_a, feeds_a, a = source(rng, (2, 6, 5, 4), "channels_first")  # these: channels-first only
         make_b, feeds_b = [], {"b": b}
     operands = ["b", "x"] if swapped else ["x", "b"]
     program = Program(make_a + make_b + [("binary", operands, "y", operation)], list(feeds_a) + list(feeds_b), ["y"],
@@ -144,7 +144,7 @@ def test_softmax_layer_norm_and_erf_are_lpts(seed, width, layout, scale):
     assert same_bits(e, erf(x))
 
 
-def test_erf_at_its_ends_and_a_sequences_mean():
+def test_erf_at_its_ends_the_means_and_sqrt():
     x = np.concatenate([SPECIAL, np.float32([0.999999, 1.0, 3.99999, 4.0, -4.0, 1e-20])]).reshape(1, 3, 5)
     [e, s, r] = Program([("erf", ["x"], "e", None), ("softmax", ["x"], "s", None), ("relu", ["x"], "r", None)], ["x"],
                         ["e", "s", "r"], threads=1)(x)
@@ -155,10 +155,13 @@ def test_erf_at_its_ends_and_a_sequences_mean():
     long_rows[1, 3:7] = 7.0  # no NaN in the first twelve values: the lanes' maximum, then the first NaN
     [s] = Program([("softmax", ["x"], "s", None)], ["x"], ["s"], threads=1)(long_rows)
     assert same_bits(s, softmax(long_rows))
-    sequence = np.random.default_rng(1).normal(0, 1, (2, 7, 5)).astype(np.float32)
+    sequence = np.random.default_rng(1).normal(0, 1, (2, 7, 13)).astype(np.float32)
     for keepdims in (False, True):
-        [mean] = Program([("mean_axis_1", ["x"], "y", (keepdims,))], ["x"], ["y"], threads=1)(sequence)
+        [mean, last, root] = Program([("mean_axis_1", ["x"], "y", (keepdims,)), ("mean_last_axis", ["x"], "z", (keepdims,)),
+                                      ("sqrt", ["x"], "r", None)], ["x"], ["y", "z", "r"], threads=1)(sequence)
         assert same_bits(mean, mean_over_axis_1(sequence, keepdims))
+        assert same_bits(last, mean_over_last_axis(sequence, keepdims))
+        assert same_bits(root, np.sqrt(sequence))  # NaN where negative
 
 
 @pytest.mark.parametrize("index_type", [np.int64, np.int32])
