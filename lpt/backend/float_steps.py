@@ -7,15 +7,21 @@ onnxruntime, each is a session call (about 0.02 ms) and cuts the native program 
 each is a step with lpt.kernels' float32 function and the native engine's instruction that computes
 the same bits:
 
+    Identity (any type)          the same array                   "identity" (a view)
+    Reshape, Transpose,          numpy's                          "reshape", "transpose", "squeeze",
+      Squeeze, Unsqueeze                                            "unsqueeze" (int8_steps.layout_step)
+    BatchNormalization           x·a[c] + b[c]                    "affine"
+    Sigmoid                      lpt.numerics.exp.sigmoid         "sigmoid"
     GlobalAveragePool            kernels.global_average_pool      "mean"
     AveragePool (2-D, floor)     kernels.average_pool             "average_pool"
     Relu                         kernels.relu                     "relu"
-    HardSwish                    kernels.hard_swish               "hard_swish"
+    HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
-    Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (same shapes, a scalar, or [N, C, 1, 1])
+    Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists)
     Concat (channels)            numpy's concatenate              "concat"
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
+    ReduceMean (the positions)   kernels.global_average_pool      "mean"
     ReduceMean (the last axis)   kernels.mean_over_last_axis      "mean_last_axis"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
@@ -35,10 +41,10 @@ import onnx_ir as ir
 
 from lpt import kernels
 from lpt.backend.chains import attribute
-from lpt.backend.int8_steps import _step
+from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
-from lpt.numerics.exp import erf
+from lpt.numerics.exp import erf, sigmoid
 
 _FLOAT = ir.DataType.FLOAT
 _BINARY = {"Mul": (np.multiply, "mul"), "Add": (np.add, "add"), "Sub": (np.subtract, "sub"), "Div": (np.divide, "div")}
@@ -53,6 +59,10 @@ def try_float_step(node: ir.Node) -> tuple | None:
     """The step for a float32 op between int8 layers (the table above), or None where lpt does not take it."""
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
         return _lookup(node)
+    if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
+        return _float_step(lambda a: [a], [node.inputs[0]], node, ("identity", None))
+    if node.op_type in LAYOUT_OPS and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
+        return layout_step(node, BACKEND)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
         return None
     if node.op_type in (*_BINARY, "Concat") and any(v is None or v.dtype != _FLOAT for v in node.inputs):
@@ -62,6 +72,13 @@ def try_float_step(node: ir.Node) -> tuple | None:
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))
     if node.op_type == "HardSwish":
         return _float_step(lambda a: [kernels.hard_swish(a)], [x], node, ("hard_swish", None))
+    if node.op_type == "HardSigmoid":
+        alpha, beta = float(np.float32(attribute(node, "alpha", 0.2))), float(np.float32(attribute(node, "beta", 0.5)))
+        return _float_step(lambda a: [kernels.hard_sigmoid(a, alpha, beta)], [x], node, ("hard_sigmoid", (alpha, beta)))
+    if node.op_type == "Sigmoid":
+        return _float_step(lambda a: [sigmoid(a)], [x], node, ("sigmoid", None))
+    if node.op_type == "BatchNormalization":
+        return _batch_norm(node)
     if node.op_type == "Relu":
         return _float_step(lambda a: [kernels.relu(a)], [x], node, ("relu", None))
     if node.op_type == "Sqrt":
@@ -146,15 +163,39 @@ def _layer_norm(node: ir.Node) -> tuple | None:
                        ("layer_norm", (scale, bias, epsilon)))
 
 
+def _batch_norm(node: ir.Node) -> tuple | None:
+    """BatchNormalization for inference, constant statistics: a per-channel x·a + b, with a = scale /
+    sqrt(var + epsilon) and b = bias − mean·a computed once in float32 (onnxruntime's last bits may differ)."""
+    x = node.inputs[0]
+    if len(node.inputs) != 5 or attribute(node, "training_mode", 0) or any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+        return None
+    scale, bias, mean, var = (const_array(v) for v in node.inputs[1:])
+    if any(p is None for p in (scale, bias, mean, var)) or x.shape is None or len(x.shape) < 2:
+        return None
+    epsilon = np.float32(attribute(node, "epsilon", 1e-5))
+    factor = (scale.astype(np.float32) / np.sqrt(var.astype(np.float32) + epsilon)).reshape(-1)
+    shift = (bias.astype(np.float32) - mean.astype(np.float32) * factor).reshape(-1)
+    shape = (-1,) + (1,) * (len(x.shape) - 2)
+    factor_c, shift_c = factor.reshape(shape), shift.reshape(shape)
+    return _float_step(lambda a: [a * factor_c + shift_c], [x], node,
+                       ("affine", (np.ascontiguousarray(factor), np.ascontiguousarray(shift))))
+
+
 def _reduce_mean(node: ir.Node) -> tuple | None:
-    """ReduceMean over the last axis (a LayerNorm written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
+    """ReduceMean over every position of [N, C, *spatial] (a global average), over the last axis (a LayerNorm
+    written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
     x = node.inputs[0]
     axes = attribute(node, "axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_array(node.inputs[1])
-    if x.shape is None or axes is None or np.size(axes) != 1:
+    if x.shape is None or axes is None:
         return None
-    axis, rank, keepdims = int(np.reshape(axes, ())), len(x.shape), bool(attribute(node, "keepdims", 1))
+    rank, keepdims = len(x.shape), bool(attribute(node, "keepdims", 1))
+    if rank >= 3 and keepdims and sorted(int(a) % rank for a in np.reshape(axes, -1)) == list(range(2, rank)):
+        return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))  # every position
+    if np.size(axes) != 1:
+        return None
+    axis = int(np.reshape(axes, ()))
     if axis in (-1, rank - 1) and rank >= 1:
         return _float_step(lambda a: [kernels.mean_over_last_axis(a, keepdims)], [x], node,
                            ("mean_last_axis", (keepdims,)))
@@ -178,9 +219,10 @@ def _average_pool(node: ir.Node) -> tuple | None:
 
 def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
     """Whether the shapes are ones the engine's "binary" takes: the same, one value (a scalar), one value
-    per image and channel ([N, C, 1, ...]) over [N, C, *spatial], one per row ([..., 1] over [..., n]), or
-    one operand repeated over the other's leading axes ([1, T, C] over [N, T, C]). Symbolic dimensions may be equal; the
-    engine checks them at run time (a program whose instruction does not take its input gives way)."""
+    per image and channel ([N, C, 1, ...]) over [N, C, *spatial], one per row ([..., 1] over [..., n]),
+    or one operand repeated over the other's leading axes ([1, T, C] over [N, T, C]). Symbolic
+    dimensions may be equal; the engine checks them at run time (a program whose instruction does not
+    take its input gives way to the steps)."""
     if a.shape is None or b.shape is None:
         return False
     if _one_value(a.shape) or _one_value(b.shape) or _repeats(a.shape, b.shape) or _repeats(b.shape, a.shape):
@@ -207,7 +249,7 @@ def _repeats(small, big) -> bool:
 
 def _per_row(small, big) -> bool:
     """Whether `small` is `big` with a last dimension of 1 (a mean over the last axis, kept)."""
-    return (len(small) == len(big) and small[-1] == 1
+    return (len(small) == len(big) >= 1 and small[-1] == 1
             and all(_may_equal(d, e) for d, e in zip(tuple(small)[:-1], tuple(big)[:-1])))
 
 

@@ -11,7 +11,7 @@
                                                       integer average (exact half-to-even, see
                                                       lpt.kernels.pooling), rescaled to the output;
     MaxPool, Relu, Max(zero point), Clip on integers  integer kernels;
-    Flatten, Reshape, Transpose on integers           views and copies of the integers;
+    Flatten, Reshape, Transpose, (Un)Squeeze          views and copies of the integers;
     Add|Mul|Concat of dequantized branches [→ Relu] → QuantizeLinear|lpt::Quantize
                                                       argument scaling: each branch dequantized
                                                       with its own scale, joined, requantized
@@ -78,7 +78,7 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
         return _quantize(node)
     if node.op_type == "Cast" and node.inputs[0].dtype in INTEGER_TYPES + (ir.DataType.INT32,):
         return _dequantize(node)
-    if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip", "Flatten", "Reshape", "Transpose"):
+    if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip", "Flatten", *LAYOUT_OPS):
         return _integer_op(node)
     return None
 
@@ -402,6 +402,36 @@ def _max_pool_instruction(node: ir.Node) -> tuple | None:
     return ("max_pool", (tuple(kernel), tuple(strides), tuple(dilations), tuple(pads)))
 
 
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze")
+
+
+def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
+    """Reshape, Transpose, Squeeze or Unsqueeze of a tensor of any type, with constant parameters: a view or
+    a copy of its values, as numpy's, and an instruction of lpt.native's programs."""
+    x = node.inputs[0]
+    if node.op_type == "Transpose":
+        perm = attribute(node, "perm")
+        if perm is None:
+            return None  # the reversed axes: a rank the graph may not say
+        return _step(lambda q: [q.transpose(perm)], [x], [node], native=("transpose", tuple(perm)), backend=backend)
+    if node.op_type == "Reshape":
+        shape = const_array(node.inputs[1])
+        if shape is None:
+            return None
+        target, allow_zero = tuple(int(d) for d in shape.reshape(-1)), bool(attribute(node, "allowzero", 0))
+        return _step(lambda q: [q.reshape(onnx_reshape_dims(q.shape, target, allow_zero))], [x], [node],
+                     native=("reshape", (target, allow_zero)), backend=backend)
+    axes = attribute(node, "axes")  # before opset 13; an input from it on
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const_array(node.inputs[1])
+    if axes is None:
+        return None  # Squeeze without axes: every 1, which the shape may not say
+    axes = tuple(int(a) for a in np.reshape(axes, -1))
+    if node.op_type == "Squeeze":
+        return _step(lambda q: [np.squeeze(q, axis=axes)], [x], [node], native=("squeeze", axes), backend=backend)
+    return _step(lambda q: [np.expand_dims(q, axes)], [x], [node], native=("unsqueeze", axes), backend=backend)
+
+
 def onnx_reshape_dims(shape: tuple, target: tuple, allow_zero: bool) -> tuple:
     """ONNX Reshape's target: 0 copies the input's dimension there (unless `allow_zero`), −1 is inferred (numpy does)."""
     return tuple(shape[i] if d == 0 and not allow_zero else d for i, d in enumerate(target))
@@ -425,15 +455,8 @@ def _integer_op(node: ir.Node):
             return [q.reshape(math.prod(q.shape[:at]), math.prod(q.shape[at:]))]
 
         return _step(flatten, [x], [node], native=("flatten", int(axis)))
-    if node.op_type == "Reshape" and (shape := const_array(node.inputs[1])) is not None:
-        target, allow_zero = tuple(int(d) for d in shape.reshape(-1)), bool(attribute(node, "allowzero", 0))
-        return _step(lambda q: [q.reshape(onnx_reshape_dims(q.shape, target, allow_zero))], [x], [node],
-                     native=("reshape", (target, allow_zero)))
-    if node.op_type == "Transpose":
-        perm = attribute(node, "perm")
-        if perm is None:
-            return None  # the reversed axes: a rank the graph may not say
-        return _step(lambda q: [q.transpose(perm)], [x], [node], native=("transpose", tuple(perm)))
+    if node.op_type in LAYOUT_OPS:
+        return layout_step(node)
     if node.op_type == "Relu":
         return _step(lambda q: [kernels.relu_q(q, 0)], [x], [node])
     if node.op_type == "Max" and len(node.inputs) == 2 and (zp := const_array(node.inputs[1])) is not None and zp.size == 1:

@@ -24,6 +24,12 @@ def hard_swish(x) -> np.ndarray:
         return x * np.minimum(np.maximum(x * HARD_SWISH_ALPHA + HARD_SWISH_BETA, np.float32(0)), np.float32(1))
 
 
+def hard_sigmoid(x, alpha: float, beta: float) -> np.ndarray:
+    """ONNX HardSigmoid: min(max(x·α + β, 0), 1), α and β as float32 (a NaN stays NaN)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.minimum(np.maximum(x * np.float32(alpha) + np.float32(beta), np.float32(0)), np.float32(1))
+
+
 def relu(x) -> np.ndarray:
     """ONNX Relu on float32: x where x > 0 or x is NaN, else +0 (so −0 becomes +0, as numpy's maximum(x, 0)
     gives it, stated here because the engine follows this function, not numpy's implementation)."""

@@ -930,7 +930,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    average_pool, relu, hard_swish, erf, sqrt, binary, concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
+    identity, squeeze, unsqueeze, average_pool, relu, hard_swish, hard_sigmoid, sigmoid, erf, sqrt, affine, binary,
+    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
 
 struct Instruction {
@@ -945,23 +946,34 @@ struct Instruction {
     bool count_include_pad = false;  // average_pool
     char op = 0;                     // binary: '*', '+', '-' or '/'
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
+    float hard_alpha = 0, hard_beta = 0;  // hard_sigmoid
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
     std::vector<int64_t> shape;  // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm
     bool allow_zero = false;
-    std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty)
+    std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm
     bool keepdims = false;           // mean_axis_1
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
 };
 
-struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and where its values are
+// Memory a slot holds for its values: allocated without being cleared (every instruction writes its
+// whole output), and passed between slots through the program's pool.
+struct Memory {
+    std::unique_ptr<unsigned char[]> bytes;
+    size_t capacity = 0;
+};
+
+inline int item_of(char type) { return type == 'q' ? 8 : type == 'f' || type == 'i' ? 4 : 1; }
+
+struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b'; 'q', 'i': int64, int32 indices) and values
     std::vector<int64_t> dims;  // as the step sees them: [N, C, *spatial]
     char type = 'f';
     bool channels_last = false;  // the values lie as [N, *spatial, C]
     const void *data = nullptr;
-    std::vector<unsigned char> storage;  // the slot's own memory (an input or a flatten points elsewhere)
+    Memory memory;  // the slot's own (an input, a flatten or a reshape points elsewhere)
+    std::vector<Memory> *pool = nullptr;  // the program's free memory, where `memory` comes from and goes back
     int64_t count() const {
         int64_t n = 1;
         for (auto d : dims) n *= d;
@@ -972,7 +984,7 @@ struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and whe
         for (size_t i = 2; i < dims.size(); ++i) n *= dims[i];
         return n;
     }
-    int item() const { return type == 'q' ? 8 : type == 'f' || type == 'i' ? 4 : 1; }
+    int item() const { return item_of(type); }
     bool eight_bit() const { return type == 'B' || type == 'b'; }
     bool transposed() const {  // channels-last in memory, and not also channels-first (one channel or position)
         return channels_last && dims.size() > 2 && dims[1] > 1 && positions() > 1;
@@ -984,11 +996,32 @@ struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b') and whe
     void channels_last_into(void *to, int threads) const {
         lpt_ops::transpose(data, to, dims[0], dims[1], positions(), item(), threads);
     }
+    // Memory for `items` values of type t: the slot's own if it is large enough, else the smallest in
+    // the pool that is (or a new block).
     void *allocate(char t, int64_t items) {
         type = t;
-        storage.resize((size_t)items * (t == 'f' ? 4 : 1));
-        data = storage.data();
-        return storage.data();
+        const size_t need = std::max<size_t>(1, (size_t)items * item_of(t));
+        if (memory.capacity < need) {
+            release();
+            size_t best = pool->size();
+            for (size_t i = 0; i < pool->size(); ++i)
+                if ((*pool)[i].capacity >= need && (best == pool->size() || (*pool)[i].capacity < (*pool)[best].capacity))
+                    best = i;
+            if (best < pool->size()) {
+                memory = std::move((*pool)[best]);
+                (*pool)[best] = std::move(pool->back());
+                pool->pop_back();
+            } else {
+                memory.bytes.reset(new unsigned char[need]);
+                memory.capacity = need;
+            }
+        }
+        data = memory.bytes.get();
+        return memory.bytes.get();
+    }
+    void release() {  // the slot's memory back to the pool, for a later slot of the run
+        if (memory.capacity) pool->push_back(std::move(memory));
+        memory = Memory();
     }
 };
 
@@ -996,6 +1029,10 @@ struct Program {
     std::vector<Instruction> code;
     std::vector<int> inputs, outputs;
     std::vector<Slot> slots;
+    // The instruction after which each slot is read no more (then its memory goes to the pool for the
+    // slots after it); a view (flatten, reshape, ...) extends its source's; outputs live to the end.
+    std::vector<size_t> last_use;
+    std::vector<Memory> pool;
     std::vector<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
     std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
     int threads = 1;
@@ -1006,7 +1043,7 @@ struct Program {
 };
 
 const char *PROGRAM_CAPSULE = "lpt.native._engine.Program";
-constexpr size_t KEEP_PROGRAM_BYTES = 32u << 20;
+constexpr size_t KEEP_PROGRAM_BYTES = (size_t)512 << 20;
 
 
 std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
@@ -1172,11 +1209,55 @@ void step(Program &program, const Instruction &ins) {
                                       program.threads);
             break;
         }
+        case Code::identity:  // a view of any type, in its layout
+            out.type = a.type;
+            out.data = a.data;
+            out.dims = a.dims;
+            out.channels_last = a.channels_last;
+            break;
+        case Code::squeeze:
+        case Code::unsqueeze: {  // ins.shape: the axes, ONNX's (negative ones from the end of the output's rank)
+            std::vector<int64_t> dims = a.dims;
+            const int64_t rank = (int64_t)dims.size() + (ins.code == Code::unsqueeze ? (int64_t)ins.shape.size() : 0);
+            std::vector<int64_t> axes;
+            for (auto axis : ins.shape) axes.push_back(axis < 0 ? axis + rank : axis);
+            std::sort(axes.begin(), axes.end());
+            if (std::adjacent_find(axes.begin(), axes.end()) != axes.end() || (!axes.empty() && (axes[0] < 0 || axes.back() >= rank)))
+                throw Unsupported("a squeeze or unsqueeze axis outside the rank");
+            if (ins.code == Code::unsqueeze) {
+                for (auto axis : axes) dims.insert(dims.begin() + axis, 1);
+            } else {
+                for (auto it = axes.rbegin(); it != axes.rend(); ++it) {
+                    if (dims[*it] != 1) throw Unsupported("a squeeze of an axis longer than 1");
+                    dims.erase(dims.begin() + *it);
+                }
+            }
+            if (a.transposed()) {
+                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
+            } else {
+                out.type = a.type;
+                out.data = a.data;  // a view, as flatten's
+            }
+            out.dims = dims;
+            break;
+        }
+        case Code::affine: {
+            if (a.type != 'f' || a.dims.size() < 2) throw Unsupported("an affine of other than float32 [N, C, ...]");
+            if ((int64_t)ins.gamma.size() != a.dims[1]) throw Unsupported("an affine whose values do not fit the channels");
+            out.dims = a.dims;
+            out.channels_last = a.transposed();
+            lpt_ops::affine(static_cast<const float *>(a.data), ins.gamma.data(), ins.beta.data(), a.dims[0], a.dims[1],
+                            a.positions(), a.transposed(), static_cast<float *>(out.allocate('f', a.count())),
+                            program.threads);
+            break;
+        }
         case Code::relu:
+        case Code::sigmoid:
         case Code::hard_swish:
+        case Code::hard_sigmoid:
         case Code::sqrt:
         case Code::erf: {  // elementwise: either layout
-            if (a.type != 'f') throw Unsupported("a float32 Relu, HardSwish, Sqrt or Erf of integers");
+            if (a.type != 'f') throw Unsupported("a float32 elementwise op of integers");
             out.dims = a.dims;
             out.channels_last = a.channels_last;
             const float *in = static_cast<const float *>(a.data);
@@ -1184,6 +1265,8 @@ void step(Program &program, const Instruction &ins) {
             if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
+            else if (ins.code == Code::sigmoid) lpt_ops::sigmoid(in, a.count(), o, program.threads);
+            else if (ins.code == Code::hard_sigmoid) lpt_ops::hard_sigmoid(in, a.count(), ins.hard_alpha, ins.hard_beta, o, program.threads);
             else lpt_ops::hard_swish(in, a.count(), o, program.threads);
             break;
         }
@@ -1388,6 +1471,22 @@ void step(Program &program, const Instruction &ins) {
     }
 }
 
+// Program::last_use, and each slot's pool.
+void plan_memory(Program &program) {
+    const size_t end = program.code.size();
+    program.last_use.assign(program.slots.size(), 0);
+    for (size_t i = 0; i < end; ++i)
+        for (int slot : program.code[i].in) program.last_use[slot] = i;
+    for (int slot : program.outputs) program.last_use[slot] = end;
+    for (size_t i = end; i-- > 0;) {  // a view's source lives as long as the view (later views first)
+        const Instruction &ins = program.code[i];
+        const bool view = ins.code == Code::flatten || ins.code == Code::reshape || ins.code == Code::squeeze ||
+                          ins.code == Code::unsqueeze || ins.code == Code::identity;
+        if (view) program.last_use[ins.in[0]] = std::max(program.last_use[ins.in[0]], program.last_use[ins.out]);
+    }
+    for (auto &slot : program.slots) slot.pool = &program.pool;
+}
+
 PyObject *py_program(PyObject *, PyObject *args) {
     PyObject *code_o, *inputs_o, *outputs_o;
     int slot_count, threads;
@@ -1469,6 +1568,25 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = Code::relu;
             } else if (k == "sqrt") {
                 ins.code = Code::sqrt;
+            } else if (k == "identity") {
+                ins.code = Code::identity;
+            } else if (k == "sigmoid") {
+                ins.code = Code::sigmoid;
+            } else if (k == "squeeze" || k == "unsqueeze") {  // axes
+                ins.code = k == "squeeze" ? Code::squeeze : Code::unsqueeze;
+                ins.shape = int_sequence(extra, "axes");
+            } else if (k == "affine") {  // (a, b): one value each per channel
+                PyObject *a, *b;
+                ins.code = Code::affine;
+                parsed = PyArg_ParseTuple(extra, "OO", &a, &b);
+                if (parsed) {
+                    ins.gamma = float_vector(a, "affine's a");
+                    ins.beta = float_vector(b, "affine's b");
+                    if (ins.gamma.size() != ins.beta.size()) throw std::invalid_argument("affine's a and b differ in size");
+                }
+            } else if (k == "hard_sigmoid") {  // (alpha, beta)
+                ins.code = Code::hard_sigmoid;
+                parsed = PyArg_ParseTuple(extra, "ff", &ins.hard_alpha, &ins.hard_beta);
             } else if (k == "mean_last_axis") {  // keepdims
                 int keepdims;
                 ins.code = Code::mean_last_axis;
@@ -1539,6 +1657,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
             program->code.push_back(std::move(ins));
         }
         if (PyErr_Occurred()) return nullptr;
+        plan_memory(*program);
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -1587,7 +1706,10 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         program->seconds.assign(program->code.size(), 0.0);
         auto start = std::chrono::steady_clock::now();
         for (size_t i = 0; i < program->code.size(); ++i) {
-            step(*program, program->code[i]);
+            const Instruction &ins = program->code[i];
+            step(*program, ins);
+            for (int slot : ins.in)  // inputs are the caller's: they hold no memory to release
+                if (program->last_use[slot] == i) program->slots[slot].release();
             const auto end = std::chrono::steady_clock::now();
             program->seconds[i] = std::chrono::duration<double>(end - start).count();
             start = end;
@@ -1618,16 +1740,20 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
         Py_XDECREF(entry);
     }
-    // The buffers stay allocated for the next run, up to KEEP_PROGRAM_BYTES in all: a large batch's
-    // would stay in every slot otherwise.
-    size_t kept = program->scratch.capacity();
-    for (const auto &slot : program->slots) kept += slot.storage.capacity();
+    // The memory stays in the pool for the next run, up to KEEP_PROGRAM_BYTES in all: a large batch's
+    // would stay allocated otherwise. Slots whose lifetimes do not overlap share it, so a run needs
+    // about its largest set of live tensors, and the next run reuses it (no new pages to fault in).
     for (auto &slot : program->slots) {
+        slot.release();
         slot.data = nullptr;  // inputs are the caller's
         slot.channels_last = false;
-        if (kept > KEEP_PROGRAM_BYTES) std::vector<unsigned char>().swap(slot.storage);
     }
-    if (kept > KEEP_PROGRAM_BYTES) std::vector<unsigned char>().swap(program->scratch);
+    size_t kept = program->scratch.capacity();
+    for (const auto &memory : program->pool) kept += memory.capacity;
+    if (kept > KEEP_PROGRAM_BYTES) {
+        program->pool.clear();
+        std::vector<unsigned char>().swap(program->scratch);
+    }
     if (!error.empty())
         PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
     return results;

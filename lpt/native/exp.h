@@ -79,6 +79,13 @@ __attribute__((target("avx2"))) inline __m256 exp_lanes(__m256 t) {
     return _mm256_blendv_ps(e, t, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
 }
 
+// sigmoid on eight lanes: the NaN lanes take x.
+__attribute__((target("avx2"))) inline __m256 sigmoid_lanes(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_lanes(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+    return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
 // erf on eight lanes: both ranges computed, each lane taking its own, as numpy's where does.
 __attribute__((target("avx2"))) inline __m256 erf_lanes(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);

@@ -188,6 +188,33 @@ __attribute__((target("avx2"))) void hard_swish_avx2(const float *x, int64_t n, 
     for (; i < n; ++i) out[i] = hard_swish_value(x[i]);
 }
 
+// numpy's minimum(maximum(x·α + β, 0), 1): maximum(h, 0) is h where h > 0 or h is NaN, else 0
+inline float hard_sigmoid_value(float x, float alpha, float beta) {
+    float h = x * alpha + beta;
+    h = h > 0.0f || h != h ? h : 0.0f;
+    return h < 1.0f || h != h ? h : 1.0f;
+}
+
+__attribute__((target("avx2"))) void hard_sigmoid_avx2(const float *x, int64_t n, float alpha, float beta, float *out) {
+    const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(beta), zero = _mm256_setzero_ps(),
+                 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 h = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), a), b);
+        const __m256 nan = _mm256_cmp_ps(h, h, _CMP_UNORD_Q);
+        h = _mm256_blendv_ps(zero, h, _mm256_or_ps(_mm256_cmp_ps(h, zero, _CMP_GT_OQ), nan));
+        h = _mm256_blendv_ps(one, h, _mm256_or_ps(_mm256_cmp_ps(h, one, _CMP_LT_OQ), nan));
+        _mm256_storeu_ps(out + i, h);
+    }
+    for (; i < n; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
+}
+
+__attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::sigmoid_lanes(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) out[i] = lpt_exp::sigmoid(x[i]);
+}
+
 __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
@@ -207,6 +234,38 @@ void relu(const float *x, int64_t n, float *out, int threads) {
     each_block(n, threads, [&](int64_t start, int64_t count) {
         for (int64_t i = start; i < start + count; ++i) out[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
     });
+}
+
+void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) hard_sigmoid_avx2(x + start, count, alpha, beta, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
+    });
+}
+
+void sigmoid(const float *x, int64_t n, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) sigmoid_avx2(x + start, count, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::sigmoid(x[i]);
+    });
+}
+
+void affine(const float *x, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
+            bool channels_last, float *out, int threads) {
+    const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * width >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *in = x + r * width;
+        float *o = out + r * width;
+        if (channels_last) {
+            for (int64_t c = 0; c < width; ++c) o[c] = in[c] * a[c] + b[c];
+        } else {
+            const int64_t c = r % channels;
+            for (int64_t p = 0; p < width; ++p) o[p] = in[p] * a[c] + b[c];
+        }
+    }
 }
 
 void erf(const float *x, int64_t n, float *out, int threads) {

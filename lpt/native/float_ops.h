@@ -26,6 +26,13 @@ void binary(char op, const float *big, const float *small, bool small_first, int
             int64_t positions, bool channels_last, float *out, int threads);
 // x > 0 or NaN ? x : 0 (lpt.kernels.float_ops.relu: −0 becomes 0).
 void relu(const float *x, int64_t n, float *out, int threads);
+// min(max(x·α + β, 0), 1) as numpy's minimum and maximum compute it (a NaN stays).
+void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out, int threads);
+// lpt's sigmoid (exp.h) of each value.
+void sigmoid(const float *x, int64_t n, float *out, int threads);
+// x·a[c] + b[c] over [images, channels, positions] (or [images, positions, channels] with `channels_last`).
+void affine(const float *x, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
+            bool channels_last, float *out, int threads);
 // lpt's erf (exp.h) of each value.
 void erf(const float *x, int64_t n, float *out, int threads);
 // ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)

@@ -99,13 +99,6 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     return v;
 }
 
-// lpt_exp::sigmoid on eight lanes (exp.h's exp_lanes): the NaN lanes take x.
-__attribute__((target("avx2"))) inline __m256 sigmoid(__m256 x) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = lpt_exp::exp_lanes(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
-    return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
 // x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, or a LeakyRelu's x < 0 ? x·slope : x
 // then its clip
 __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, const VectorPostOps &ops, __m256i acc,
@@ -114,7 +107,7 @@ __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, co
     if (e.bias) x = _mm256_add_ps(x, bias);
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
-            x = sigmoid(x);
+            x = lpt_exp::sigmoid_lanes(x);
             continue;
         }
         if (ops.leaky[k])

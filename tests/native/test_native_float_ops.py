@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import average_pool, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu, softmax
+from lpt.kernels import (average_pool, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
+                         softmax)
 from lpt.native import Unsupported
 from lpt.native.program import Program
-from lpt.numerics.exp import erf
+from lpt.numerics.exp import erf, sigmoid
 
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30])
 
@@ -176,3 +177,39 @@ def test_a_lookup_in_a_constant_table_is_numpys_take(index_type):
     assert same_bits(y, np.take(table, indices, axis=0))
     with pytest.raises(Unsupported, match="outside the table"):
         program(np.array([[3, 17]], index_type))
+
+
+def test_identity_squeeze_unsqueeze_affine_sigmoid_and_hard_sigmoid_are_lpts():
+    rng = np.random.default_rng(9)
+    make, feeds, x = source(rng, (2, 5, 3, 4), "channels_last")
+    a, b = rng.normal(1, 0.5, 5).astype(np.float32), rng.normal(0, 0.5, 5).astype(np.float32)
+    program = Program(make + [("identity", ["x"], "i", None), ("unsqueeze", ["i"], "u", (0, -1)),
+                              ("squeeze", ["u"], "s", (0, 5)), ("affine", ["x"], "f", (a, b)),
+                              ("sigmoid", ["x"], "g", None), ("hard_sigmoid", ["x"], "h", (0.2, 0.5))],
+                      list(feeds), ["i", "u", "s", "f", "g", "h"], threads=2)
+    i, u, s, f, g, h = program(*feeds.values())
+    assert same_bits(i, x) and same_bits(s, x)
+    assert same_bits(u, np.ascontiguousarray(x[None, ..., None]))
+    assert same_bits(f, x * a.reshape(-1, 1, 1) + b.reshape(-1, 1, 1))
+    assert same_bits(g, sigmoid(x))
+    assert same_bits(h, hard_sigmoid(x, 0.2, 0.5))
+    with pytest.raises(Unsupported, match="squeeze of an axis longer"):
+        Program([("squeeze", ["x"], "y", (1,))], ["x"], ["y"], threads=1)(x)
+
+
+def test_slots_share_memory_only_when_their_lifetimes_do_not_overlap():
+    """A view (reshape) of an early tensor is read after many later ones were made and released: its
+    source's memory must not go to them. Run twice, as the pool is reused between runs."""
+    x = np.random.default_rng(2).normal(0, 1, (3, 64)).astype(np.float32)
+    code = [("hard_swish", ["x"], "a", None), ("reshape", ["a"], "r0", ((3, 8, 8), False)), ("relu", ["x"], "t0", None)]
+    for k in range(1, 12):  # a chain of temporaries, each dead after the next
+        code.append(("hard_swish" if k % 2 else "relu", [f"t{k - 1}"], f"t{k}", None))
+    code += [("relu", ["r0"], "v", None), ("binary", ["t11", "x"], "y", "add")]
+    program = Program(code, ["x"], ["v", "y"], threads=1)
+    expected_t = relu(x)
+    for k in range(1, 12):
+        expected_t = hard_swish(expected_t) if k % 2 else relu(expected_t)
+    for _ in range(2):
+        v, y = program(x)
+        assert same_bits(v, relu(hard_swish(x).reshape(3, 8, 8)))
+        assert same_bits(y, expected_t + x)
