@@ -921,8 +921,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // ---------------------------------------------------------------- programs
 //
 // A program runs a sequence of a plan's steps in one call (lpt/native/program.py builds it): int8
-// layers (prepared operations), quantize, max pool, joins and flattens, and the float32 ops between
-// layers (lpt.kernels.float_ops: average pool, HardSwish, a product or sum, concat), on buffers it owns between
+// layers (prepared operations), quantize, max pool, joins, views and transposes, and the float32 ops
+// between layers (lpt/backend/float_steps.py, lpt/native/float_ops.h), on memory it keeps between
 // runs, so Python is not entered between steps. Every instruction computes what lpt's step does,
 // bit for bit (integer_ops.h, and execute() above). Convolutions leave their outputs channels-last,
 // the layout they read fastest, and the instructions after them keep it; a flatten, a matmul and
@@ -950,11 +950,13 @@ struct Instruction {
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
-    std::vector<int64_t> shape;  // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm
+    // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm;
+    // (un)squeeze: axes; gather: the table's shape
+    std::vector<int64_t> shape;
     bool allow_zero = false;
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm
-    bool keepdims = false;           // mean_axis_1
+    bool keepdims = false;           // mean_axis_1, mean_last_axis
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
 };
 
@@ -1099,6 +1101,26 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
     }
 }
 
+// `out` as `a`'s values with other dimensions: a view of them, or, where `a` lies channels-last, a
+// channels-first copy (a flatten or reshape reads the channels-first order).
+void view_as(Slot &out, const Slot &a, std::vector<int64_t> dims, int threads) {
+    if (a.transposed()) {
+        a.channels_first_into(out.allocate(a.type, a.count()), threads);
+    } else {
+        out.type = a.type;
+        out.data = a.data;  // the slot it reads lives as long as this one (plan_memory)
+    }
+    out.dims = std::move(dims);
+}
+
+// a's values channels-first: its own, or a copy in the program's scratch where it lies channels-last
+const void *channels_first(const Slot &a, Program &program) {
+    if (!a.transposed()) return a.data;
+    program.scratch.resize(a.count() * a.item());
+    a.channels_first_into(program.scratch.data(), program.threads);
+    return program.scratch.data();
+}
+
 // Whether `small` broadcasts onto `big` by repeating whole: its dimensions big's last ones, after 1s.
 bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big) {
     if (small.size() > big.size()) return false;
@@ -1232,13 +1254,7 @@ void step(Program &program, const Instruction &ins) {
                     dims.erase(dims.begin() + *it);
                 }
             }
-            if (a.transposed()) {
-                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
-            } else {
-                out.type = a.type;
-                out.data = a.data;  // a view, as flatten's
-            }
-            out.dims = dims;
+            view_as(out, a, dims, program.threads);
             break;
         }
         case Code::affine: {
@@ -1362,24 +1378,13 @@ void step(Program &program, const Instruction &ins) {
             } else if (known != a.count()) {
                 throw Unsupported("a reshape to another number of values");
             }
-            if (a.transposed()) {  // reshaped in the channels-first order
-                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
-            } else {
-                out.type = a.type;
-                out.data = a.data;  // a view, as flatten's
-            }
-            out.dims = dims;
+            view_as(out, a, dims, program.threads);  // reshaped in the channels-first order
             break;
         }
         case Code::transpose: {
             const size_t rank = a.dims.size();
             if (ins.shape.size() != rank) throw Unsupported("a transpose whose perm does not fit the rank");
-            const unsigned char *in = static_cast<const unsigned char *>(a.data);
-            if (a.transposed()) {
-                program.scratch.resize(a.count() * a.item());
-                a.channels_first_into(program.scratch.data(), program.threads);
-                in = program.scratch.data();
-            }
+            const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
             std::vector<int64_t> in_strides(rank, 1), step(rank);  // input elements per step of each output axis
             for (size_t i = rank; i-- > 1;) in_strides[i - 1] = in_strides[i] * a.dims[i];
             out.dims.assign(rank, 0);
@@ -1396,12 +1401,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::softmax:
         case Code::layer_norm: {  // along the last axis
             if (a.type != 'f' || a.dims.empty()) throw Unsupported("a softmax or layer norm of other than float32");
-            const float *in = static_cast<const float *>(a.data);
-            if (a.transposed()) {
-                program.scratch.resize(a.count() * sizeof(float));
-                a.channels_first_into(program.scratch.data(), program.threads);
-                in = reinterpret_cast<const float *>(program.scratch.data());
-            }
+            const float *in = static_cast<const float *>(channels_first(a, program));
             const int64_t n = a.dims.back(), rows = n ? a.count() / n : 0;
             out.dims = a.dims;
             float *o = static_cast<float *>(out.allocate('f', a.count()));
@@ -1417,12 +1417,7 @@ void step(Program &program, const Instruction &ins) {
         }
         case Code::mean_last_axis: {
             if (a.type != 'f' || a.dims.empty() || a.dims.back() == 0) throw Unsupported("a mean of other than float32 rows");
-            const float *in = static_cast<const float *>(a.data);
-            if (a.transposed()) {
-                program.scratch.resize(a.count() * sizeof(float));
-                a.channels_first_into(program.scratch.data(), program.threads);
-                in = reinterpret_cast<const float *>(program.scratch.data());
-            }
+            const float *in = static_cast<const float *>(channels_first(a, program));
             const int64_t n = a.dims.back();
             out.dims = a.dims;
             if (ins.keepdims) out.dims.back() = 1;
@@ -1458,14 +1453,7 @@ void step(Program &program, const Instruction &ins) {
             if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
             int64_t outer = 1;
             for (int64_t i = 0; i < axis; ++i) outer *= a.dims[i];
-            const std::vector<int64_t> dims = {outer, outer ? a.count() / outer : 0};
-            if (a.transposed()) {  // flattened in the channels-first order
-                a.channels_first_into(out.allocate(a.type, a.count()), program.threads);
-            } else {
-                out.type = a.type;
-                out.data = a.data;  // a view: the slot it reads lives until the run ends
-            }
-            out.dims = dims;
+            view_as(out, a, {outer, outer ? a.count() / outer : 0}, program.threads);  // the channels-first order
             break;
         }
     }
@@ -1486,6 +1474,12 @@ void plan_memory(Program &program) {
     }
     for (auto &slot : program.slots) slot.pool = &program.pool;
 }
+
+// The instructions that take no parameters (their extra is None)
+const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
+    {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
+    {"sigmoid", Code::sigmoid}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"concat", Code::concat},
+    {"softmax", Code::softmax}};
 
 PyObject *py_program(PyObject *, PyObject *args) {
     PyObject *code_o, *inputs_o, *outputs_o;
@@ -1520,7 +1514,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 }
                 return pointer != nullptr;
             };
-            if (k == "layer") {
+            if (const auto plain = PLAIN_INSTRUCTIONS.find(k); plain != PLAIN_INSTRUCTIONS.end()) {
+                ins.code = plain->second;
+            } else if (k == "layer") {
                 ins.code = Code::layer;
                 parsed = hold(ins.operation = operation(extra));
             } else if (k == "quantize") {
@@ -1544,8 +1540,6 @@ PyObject *py_program(PyObject *, PyObject *args) {
             } else if (k == "product") {
                 ins.code = Code::product;
                 parsed = hold(ins.product = product_of(extra));
-            } else if (k == "mean") {
-                ins.code = Code::mean;
             } else if (k == "max_pool") {
                 ins.code = Code::max_pool;
                 lpt_ops::Pool &p = ins.pool;
@@ -1560,18 +1554,6 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 parsed = PyArg_ParseTuple(extra, "(LL)(LL)(LLLL)p", &p.kernel_h, &p.kernel_w, &p.stride_h, &p.stride_w,
                                           &p.pad_top, &p.pad_left, &p.pad_bottom, &p.pad_right, &count_include_pad);
                 ins.count_include_pad = count_include_pad;
-            } else if (k == "hard_swish") {
-                ins.code = Code::hard_swish;
-            } else if (k == "erf") {
-                ins.code = Code::erf;
-            } else if (k == "relu") {
-                ins.code = Code::relu;
-            } else if (k == "sqrt") {
-                ins.code = Code::sqrt;
-            } else if (k == "identity") {
-                ins.code = Code::identity;
-            } else if (k == "sigmoid") {
-                ins.code = Code::sigmoid;
             } else if (k == "squeeze" || k == "unsqueeze") {  // axes
                 ins.code = k == "squeeze" ? Code::squeeze : Code::unsqueeze;
                 ins.shape = int_sequence(extra, "axes");
@@ -1599,8 +1581,6 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 const std::string w = parsed ? which : "";
                 ins.op = w == "mul" ? '*' : w == "add" ? '+' : w == "sub" ? '-' : w == "div" ? '/' : 0;
                 if (parsed && !ins.op) throw std::invalid_argument("a binary instruction is 'mul', 'add', 'sub' or 'div'");
-            } else if (k == "concat") {
-                ins.code = Code::concat;
             } else if (k == "reshape") {  // (target shape, allow_zero)
                 PyObject *target;
                 int allow_zero;
@@ -1615,8 +1595,6 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 std::sort(sorted.begin(), sorted.end());
                 for (size_t i = 0; i < sorted.size(); ++i)
                     if (sorted[i] != (int64_t)i) throw std::invalid_argument("a transpose's perm must order the axes");
-            } else if (k == "softmax") {
-                ins.code = Code::softmax;
             } else if (k == "layer_norm") {  // (scale, bias or None, epsilon)
                 PyObject *scale, *bias;
                 ins.code = Code::layer_norm;
