@@ -287,7 +287,8 @@ def test_a_float_op_between_two_parts_of_one_onnxruntime_region_stays_in_it():
 
 def test_batch_norm_swish_and_squeezes_after_a_layer_are_lpts():
     """PaddleOCR's exports: Conv → Identity → BatchNormalization → Sigmoid → Mul (a swish), then HardSigmoid →
-    Mul, Unsqueeze/Squeeze: lpt's float32 steps, with the bits of lpt's kernels, close to onnxruntime."""
+    Mul, Unsqueeze/Squeeze; TensorFlow's LeakyRelu → Max(c): lpt's float32 steps, with the bits of lpt's
+    kernels, close to onnxruntime."""
     from lpt.backend.float_steps import BACKEND
 
     g = Graph()
@@ -295,7 +296,8 @@ def test_batch_norm_swish_and_squeezes_after_a_layer_are_lpts():
     stats = [g.const(g.rng.uniform(0.5, 1.5, 6).astype(np.float32)) for _ in range(2)]
     normed = g.op("BatchNormalization", [conv, stats[0], g.const(g.rng.normal(size=6).astype(np.float32)),
                                          g.const(g.rng.normal(size=6).astype(np.float32)), stats[1]], epsilon=1e-3)
-    swish = g.op("Mul", [normed, g.op("Sigmoid", [normed])])
+    swish = g.op("Max", [g.op("LeakyRelu", [g.op("Mul", [normed, g.op("Sigmoid", [normed])])], alpha=0.2),
+                         g.const(np.float32(-0.1))])
     gated = g.op("Mul", [swish, g.op("HardSigmoid", [swish], alpha=0.2, beta=0.5)])
     squeezed = g.op("Squeeze", [g.op("Unsqueeze", [gated, g.const(np.array([0], np.int64))]),
                                 g.const(np.array([0], np.int64))])
@@ -306,7 +308,7 @@ def test_batch_norm_swish_and_squeezes_after_a_layer_are_lpts():
     plan = compile_model(int8)
     # (the Identity right after the Conv belongs to the layer's chain)
     assert {s.op_types[0] for s in plan.steps if s.backend == BACKEND} == {
-        "BatchNormalization", "Sigmoid", "Mul", "HardSigmoid", "Unsqueeze", "Squeeze"}
+        "BatchNormalization", "Sigmoid", "Mul", "LeakyRelu", "Max", "HardSigmoid", "Unsqueeze", "Squeeze"}
     assert not [s for s in plan.steps if s.backend == "onnxruntime"]
     x = RNG.uniform(-3, 3, (2, 3, 8, 8)).astype(np.float32)
     ours = plan.run({"x": x})["y"]

@@ -15,6 +15,7 @@ the same bits:
     GlobalAveragePool            kernels.global_average_pool      "mean"
     AveragePool (2-D, floor)     kernels.average_pool             "average_pool"
     Relu                         kernels.relu                     "relu"
+    LeakyRelu, Clip, Max/Min(c)  kernels.slope_and_clip           "clip" (the output stage's post-op)
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
     Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists)
@@ -40,7 +41,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import attribute
+from lpt.backend.chains import attribute, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -79,6 +80,8 @@ def try_float_step(node: ir.Node) -> tuple | None:
         return _float_step(lambda a: [sigmoid(a)], [x], node, ("sigmoid", None))
     if node.op_type == "BatchNormalization":
         return _batch_norm(node)
+    if node.op_type in ("LeakyRelu", "Clip", "Max", "Min"):
+        return _slope_and_clip(node)
     if node.op_type == "Relu":
         return _float_step(lambda a: [kernels.relu(a)], [x], node, ("relu", None))
     if node.op_type == "Sqrt":
@@ -161,6 +164,21 @@ def _layer_norm(node: ir.Node) -> tuple | None:
     epsilon = float(np.float32(attribute(node, "epsilon", 1e-5)))
     return _float_step(lambda a: [kernels.layer_norm(a, scale, bias, epsilon)], [x], node,
                        ("layer_norm", (scale, bias, epsilon)))
+
+
+def _slope_and_clip(node: ir.Node) -> tuple | None:
+    """LeakyRelu, Clip, and Max/Min with one constant, as the output stage's post-op reads them (chains.read_post_op)."""
+    runtime = [v for v in node.inputs if v is not None and const_array(v) is None]
+    if len(runtime) != 1 or runtime[0].dtype != _FLOAT:
+        return None
+    op = read_post_op(node, runtime[0])
+    if isinstance(op, kernels.LeakyRelu):
+        parameters = (float(np.float32(op.alpha)), -np.inf, np.inf)
+    elif isinstance(op, kernels.Clip):
+        parameters = (1.0, float(np.float32(op.low)), float(np.float32(op.high)))
+    else:
+        return None
+    return _float_step(lambda a: [kernels.slope_and_clip(a, *parameters)], runtime, node, ("clip", parameters))
 
 
 def _batch_norm(node: ir.Node) -> tuple | None:

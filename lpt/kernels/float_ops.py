@@ -30,6 +30,18 @@ def hard_sigmoid(x, alpha: float, beta: float) -> np.ndarray:
     return np.minimum(np.maximum(x * np.float32(alpha) + np.float32(beta), np.float32(0)), np.float32(1))
 
 
+def slope_and_clip(x, slope: float, low: float, high: float) -> np.ndarray:
+    """The engine's output-stage post-op on float32 values: x < 0 ? x·slope : x (a LeakyRelu, where the slope
+    is not 1), then x < low ? low : x and x > high ? high : x (a Clip, or a Max/Min with a constant), so
+    that a NaN stays NaN and −0 stays −0."""
+    x = np.asarray(x, dtype=np.float32)
+    if slope != 1:
+        x = np.where(x < 0, x * np.float32(slope), x)
+    low, high = np.float32(low), np.float32(high)
+    x = np.where(x < low, low, x)
+    return np.where(x > high, high, x)
+
+
 def relu(x) -> np.ndarray:
     """ONNX Relu on float32: x where x > 0 or x is NaN, else +0 (so −0 becomes +0, as numpy's maximum(x, 0)
     gives it, stated here because the engine follows this function, not numpy's implementation)."""

@@ -930,7 +930,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    identity, squeeze, unsqueeze, average_pool, relu, hard_swish, hard_sigmoid, sigmoid, erf, sqrt, affine, binary,
+    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, erf, sqrt, affine, binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
 
@@ -946,7 +946,8 @@ struct Instruction {
     bool count_include_pad = false;  // average_pool
     char op = 0;                     // binary: '*', '+', '-' or '/'
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
-    float hard_alpha = 0, hard_beta = 0;  // hard_sigmoid
+    float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0
+    float low = 0, high = 0;              // clip
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
@@ -1268,6 +1269,7 @@ void step(Program &program, const Instruction &ins) {
             break;
         }
         case Code::relu:
+        case Code::clip:
         case Code::sigmoid:
         case Code::hard_swish:
         case Code::hard_sigmoid:
@@ -1281,8 +1283,9 @@ void step(Program &program, const Instruction &ins) {
             if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
+            else if (ins.code == Code::clip) lpt_ops::slope_and_clip(in, a.count(), ins.alpha, ins.low, ins.high, o, program.threads);
             else if (ins.code == Code::sigmoid) lpt_ops::sigmoid(in, a.count(), o, program.threads);
-            else if (ins.code == Code::hard_sigmoid) lpt_ops::hard_sigmoid(in, a.count(), ins.hard_alpha, ins.hard_beta, o, program.threads);
+            else if (ins.code == Code::hard_sigmoid) lpt_ops::hard_sigmoid(in, a.count(), ins.alpha, ins.offset, o, program.threads);
             else lpt_ops::hard_swish(in, a.count(), o, program.threads);
             break;
         }
@@ -1566,9 +1569,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     ins.beta = float_vector(b, "affine's b");
                     if (ins.gamma.size() != ins.beta.size()) throw std::invalid_argument("affine's a and b differ in size");
                 }
+            } else if (k == "clip") {  // (slope, low, high)
+                ins.code = Code::clip;
+                parsed = PyArg_ParseTuple(extra, "fff", &ins.alpha, &ins.low, &ins.high);
             } else if (k == "hard_sigmoid") {  // (alpha, beta)
                 ins.code = Code::hard_sigmoid;
-                parsed = PyArg_ParseTuple(extra, "ff", &ins.hard_alpha, &ins.hard_beta);
+                parsed = PyArg_ParseTuple(extra, "ff", &ins.alpha, &ins.offset);
             } else if (k == "mean_last_axis") {  // keepdims
                 int keepdims;
                 ins.code = Code::mean_last_axis;

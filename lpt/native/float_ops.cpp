@@ -215,6 +215,27 @@ __attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, flo
     for (; i < n; ++i) out[i] = lpt_exp::sigmoid(x[i]);
 }
 
+inline float slope_and_clip_value(float v, float slope, float low, float high) {
+    if (slope != 1.0f) v = v < 0.0f ? v * slope : v;
+    v = v < low ? low : v;  // a NaN stays NaN
+    return v > high ? high : v;
+}
+
+// max_ps(low, v) is low > v ? low : v, min_ps(high, v) high < v ? high : v: the comparisons above (as
+// s16.cpp's output stage makes them)
+__attribute__((target("avx2"))) void slope_and_clip_avx2(const float *x, int64_t n, float slope, float low, float high,
+                                                         float *out) {
+    const __m256 s = _mm256_set1_ps(slope), lo = _mm256_set1_ps(low), hi = _mm256_set1_ps(high),
+                 zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (slope != 1.0f) v = _mm256_blendv_ps(v, _mm256_mul_ps(v, s), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+        _mm256_storeu_ps(out + i, _mm256_min_ps(hi, _mm256_max_ps(lo, v)));
+    }
+    for (; i < n; ++i) out[i] = slope_and_clip_value(x[i], slope, low, high);
+}
+
 __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
@@ -266,6 +287,14 @@ void affine(const float *x, const float *a, const float *b, int64_t images, int6
             for (int64_t p = 0; p < width; ++p) o[p] = in[p] * a[c] + b[c];
         }
     }
+}
+
+void slope_and_clip(const float *x, int64_t n, float slope, float low, float high, float *out, int threads) {
+    const bool avx2 = lpt_s16::supported();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) return slope_and_clip_avx2(x + start, count, slope, low, high, out + start);
+        for (int64_t i = start; i < start + count; ++i) out[i] = slope_and_clip_value(x[i], slope, low, high);
+    });
 }
 
 void erf(const float *x, int64_t n, float *out, int threads) {

@@ -33,6 +33,9 @@ void sigmoid(const float *x, int64_t n, float *out, int threads);
 // x·a[c] + b[c] over [images, channels, positions] (or [images, positions, channels] with `channels_last`).
 void affine(const float *x, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
             bool channels_last, float *out, int threads);
+// x < 0 ? x·slope : x (where the slope is not 1), then x < low ? low : x, then x > high ? high : x: the
+// output stage's post-op (lpt.kernels.float_ops.slope_and_clip).
+void slope_and_clip(const float *x, int64_t n, float slope, float low, float high, float *out, int threads);
 // lpt's erf (exp.h) of each value.
 void erf(const float *x, int64_t n, float *out, int threads);
 // ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)

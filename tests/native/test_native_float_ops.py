@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import lpt.native
 from lpt.kernels import (average_pool, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
-                         softmax)
+                         slope_and_clip, softmax)
 from lpt.native import Unsupported
 from lpt.native.program import Program
 from lpt.numerics.exp import erf, sigmoid
@@ -213,3 +213,11 @@ def test_slots_share_memory_only_when_their_lifetimes_do_not_overlap():
         v, y = program(x)
         assert same_bits(v, relu(hard_swish(x).reshape(3, 8, 8)))
         assert same_bits(y, expected_t + x)
+
+
+def test_slope_and_clip_is_lpts():
+    """LeakyRelu, Clip, Max/Min with a constant on float32: the output stage's comparisons (−0 stays −0)."""
+    x = np.tile(np.concatenate([SPECIAL, np.float32([-0.5, 0.5, 6.5, -7.0])]), (3, 1))  # eight lanes and a tail
+    for slope, low, high in [(0.2, -np.inf, np.inf), (1.0, 0.0, 6.0), (1.0, -1.0, np.inf), (0.1, -np.inf, 3.0)]:
+        [y] = Program([("clip", ["x"], "y", (slope, low, high))], ["x"], ["y"], threads=1)(x)
+        assert same_bits(y, slope_and_clip(x, slope, low, high))
