@@ -304,3 +304,26 @@ def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head):
     np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
     if lpt.native.available() and lpt.native.route() is not None:
         assert step.engine == lpt.native.engine_name(lpt.native.route())
+
+
+@pytest.mark.parametrize("auto_pad, stride, native", [("SAME_UPPER", 1, True), ("SAME_LOWER", 1, True), ("VALID", 1, True),
+                                                      ("SAME_UPPER", 2, False)])
+def test_auto_pad_with_pads_the_input_size_does_not_decide_runs_on_the_native_engine(auto_pad, stride, native):
+    """PaddleOCR's 2×2 convolutions write auto_pad SAME_UPPER: with stride 1 the pads are fixed (0 before, 1
+    after), so the engine takes the layer; with a stride they follow the input's size, and lpt's kernels do."""
+    import lpt.native
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    g.op("Conv", [g.fq("x", 0.02, np.uint8(100)), g.weight((6, 4, 2, 2))], name="y", auto_pad=auto_pad,
+         strides=[stride, stride])
+    fq_model, m = g.build({"x": [2, 4, 7, 9]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    x = RNG.uniform(-2, 3, (2, 4, 7, 9)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_ort(fq_model, {"x": x})[0], rtol=1e-5, atol=1e-5)  # the QDQ model, in f32
+    if lpt.native.available() and lpt.native.route() is not None:
+        step = next(s for s in plan.steps if s.layer is not None)
+        assert lpt.native.is_native_engine(step.engine) == native

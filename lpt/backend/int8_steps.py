@@ -173,11 +173,12 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
         if upsampling is not None:
             operation = _NativeUpsampling(layer, stage, *upsampling)
         elif layer.op == "conv":
-            if layer.attribute("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            window = kernels.Window.of(layer.weights.shape[2:], layer.attribute("strides"), layer.attribute("dilations"),
+                                       layer.attribute("pads"), layer.attribute("auto_pad", "NOTSET")).with_fixed_pads()
+            if window is None:  # SAME_* with a stride: pads the input's size decides
                 return None, ""
-            operation = native.Conv(layer.weights, groups=layer.attribute("group", 1),
-                                    strides=layer.attribute("strides"), dilations=layer.attribute("dilations"),
-                                    pads=layer.attribute("pads"), **stage)
+            operation = native.Conv(layer.weights, groups=layer.attribute("group", 1), strides=window.strides,
+                                    dilations=window.dilations, pads=window.pads, **stage)
         else:
             operation = native.MatMul(layer.weights, **stage)
     except native.Unsupported as why:

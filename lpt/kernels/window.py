@@ -58,6 +58,15 @@ class Window:
             raise ValueError(f"a {rank}-D window over {len(spatial)} spatial axes")
         return Window(self.kernel, self.strides, self.dilations, tuple(begins + ends))
 
+    def with_fixed_pads(self) -> Window | None:
+        """This window with explicit pads where they do not depend on the input's size (no auto_pad, VALID, or
+        SAME_* with every stride 1, whose pads are dilation·(kernel − 1) split), else None."""
+        if self.auto_pad == "NOTSET":
+            return self
+        if any(s != 1 for s in self.strides):
+            return None
+        return self.for_input(self.kernel)  # with stride 1, any size gives these pads
+
     @property
     def taps(self) -> int:
         """The number of kernel positions, ∏ kernel."""

@@ -1714,7 +1714,7 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
         PyObject *shape = PyTuple_New((Py_ssize_t)slot.dims.size());
         if (data && shape) {
-            if (slot.transposed()) slot.channels_first_into(PyByteArray_AsString(data), 1);
+            if (slot.transposed()) slot.channels_first_into(PyByteArray_AsString(data), program->threads);
             else if (bytes) std::memcpy(PyByteArray_AsString(data), slot.data, bytes);
             for (size_t d = 0; d < slot.dims.size(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(slot.dims[d]));
         }
