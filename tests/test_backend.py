@@ -327,3 +327,29 @@ def test_auto_pad_with_pads_the_input_size_does_not_decide_runs_on_the_native_en
     if lpt.native.available() and lpt.native.route() is not None:
         step = next(s for s in plan.steps if s.layer is not None)
         assert lpt.native.is_native_engine(step.engine) == native
+
+
+def test_a_max_pool_with_auto_pad_same_and_stride_1_and_a_concat_of_integers_join_the_native_program():
+    """PaddleOCR's detector: Conv → Relu → quantize → MaxPool(2×2, stride 1, SAME_UPPER) and a Concat of the
+    pooled and unpooled integers. The pool's pads are fixed (0 before, 1 after), so both run on integers in
+    the layers' native program, with the bits of lpt's kernels."""
+    import lpt.native
+    from lpt.backend.native_program import ENGINE
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    relu = g.fq(g.op("Relu", [g.op("Conv", [g.fq("x", 0.02, np.uint8(100)), g.weight((6, 3, 3, 3))], pads=[1] * 4)]),
+                0.05, np.uint8(0))
+    pooled = g.op("MaxPool", [relu], kernel_shape=[2, 2], strides=[1, 1], auto_pad="SAME_UPPER")
+    joined = g.op("Concat", [pooled, relu], axis=1)
+    g.op("Conv", [joined, g.weight((4, 12, 1, 1))], name="y")
+    fq_model, m = g.build({"x": [2, 3, 7, 9]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    assert not [s for s in plan.steps if s.backend == "onnxruntime"]
+    x = RNG.uniform(-2, 3, (2, 3, 7, 9)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_ort(fq_model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    if lpt.native.available():
+        assert [s.engine for s in plan.run_steps] == [ENGINE]

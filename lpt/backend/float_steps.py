@@ -19,7 +19,7 @@ the same bits:
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
     Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists)
-    Concat (channels)            numpy's concatenate              "concat"
+    Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
     ReduceMean (the positions)   kernels.global_average_pool      "mean"
@@ -64,9 +64,11 @@ def try_float_step(node: ir.Node) -> tuple | None:
         return _float_step(lambda a: [a], [node.inputs[0]], node, ("identity", None))
     if node.op_type in LAYOUT_OPS and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return layout_step(node, BACKEND)
+    if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
+        return _concat(node)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
         return None
-    if node.op_type in (*_BINARY, "Concat") and any(v is None or v.dtype != _FLOAT for v in node.inputs):
+    if node.op_type in _BINARY and any(v is None or v.dtype != _FLOAT for v in node.inputs):
         return None
     x = node.inputs[0]
     if node.op_type == "GlobalAveragePool":
@@ -103,12 +105,18 @@ def try_float_step(node: ir.Node) -> tuple | None:
         return _layer_norm(node)
     if node.op_type == "ReduceMean":
         return _reduce_mean(node)
-    if node.op_type == "Concat" and x.shape is not None:
-        axis = attribute(node, "axis", 1)
-        if axis in (1, 1 - len(x.shape)) and len(x.shape) >= 2:
-            return _float_step(lambda *parts: [np.concatenate(parts, axis=1)], list(node.inputs), node,
-                               ("concat", None))
     return None
+
+
+def _concat(node: ir.Node) -> tuple | None:
+    """Concat of the channels of tensors of one type, float32 or 8-bit: a copy, as ONNX's (an 8-bit one is what
+    the low precision transformations leave of a Concat of branches quantized alike)."""
+    x = node.inputs[0]
+    if any(v is None or v.dtype != x.dtype for v in node.inputs) or x.shape is None or len(x.shape) < 2:
+        return None
+    if x.dtype not in (_FLOAT, ir.DataType.UINT8, ir.DataType.INT8) or attribute(node, "axis", 1) not in (1, 1 - len(x.shape)):
+        return None
+    return _float_step(lambda *parts: [np.concatenate(parts, axis=1)], list(node.inputs), node, ("concat", None))
 
 
 def reads_model_input_from_a_table(node: ir.Node, constants: dict) -> bool:

@@ -393,14 +393,11 @@ def _average_pool(cast: ir.Node, nodes: list[ir.Node], scale: np.ndarray, shift:
     return _step(lambda q: [run(q)], [cast.inputs[0]], nodes + [quantize])
 
 
-def _max_pool_instruction(node: ir.Node) -> tuple | None:
+def _max_pool_instruction(window: kernels.Window) -> tuple | None:
     """A 2-D MaxPool as an instruction of lpt.native's programs; other ranks stay Python steps."""
-    kernel = attribute(node, "kernel_shape")
-    if kernel is None or len(kernel) != 2:
+    if len(window.kernel) != 2:
         return None
-    strides, dilations = attribute(node, "strides") or (1, 1), attribute(node, "dilations") or (1, 1)
-    pads = attribute(node, "pads") or (0, 0, 0, 0)
-    return ("max_pool", (tuple(kernel), tuple(strides), tuple(dilations), tuple(pads)))
+    return ("max_pool", (window.kernel, window.strides, window.dilations, window.pads))
 
 
 LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze")
@@ -441,13 +438,16 @@ def onnx_reshape_dims(shape: tuple, target: tuple, allow_zero: bool) -> tuple:
 def _integer_op(node: ir.Node):
     x = node.inputs[0]
     if node.op_type == "MaxPool":
-        # auto_pad VALID is no padding, which the explicit form also says (pads absent): TensorFlow exports write it
-        if attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "VALID", b"VALID") or attribute(
-                node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
+        if attribute(node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
             return None
-        run = partial(kernels.max_pool_q, kernel_shape=attribute(node, "kernel_shape"), strides=attribute(node, "strides"),
-                      pads=attribute(node, "pads"), dilations=attribute(node, "dilations"))
-        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]], native=_max_pool_instruction(node))
+        # auto_pad VALID (TensorFlow's exports), or SAME_* with stride 1 (Paddle's), has pads fixed ahead
+        window = kernels.Window.of(attribute(node, "kernel_shape"), attribute(node, "strides"), attribute(node, "dilations"),
+                                   attribute(node, "pads"), attribute(node, "auto_pad", "NOTSET")).with_fixed_pads()
+        if window is None:
+            return None
+        run = partial(kernels.max_pool_q, kernel_shape=window.kernel, strides=window.strides, pads=window.pads,
+                      dilations=window.dilations)
+        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]], native=_max_pool_instruction(window))
     if node.op_type == "Flatten":
         axis = attribute(node, "axis", 1)
 
