@@ -1575,9 +1575,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             } else if (k == "hard_sigmoid") {  // (alpha, beta)
                 ins.code = Code::hard_sigmoid;
                 parsed = PyArg_ParseTuple(extra, "ff", &ins.alpha, &ins.offset);
-            } else if (k == "mean_last_axis") {  // keepdims
+            } else if (k == "mean_last_axis" || k == "mean_axis_1") {  // keepdims
                 int keepdims;
-                ins.code = Code::mean_last_axis;
+                ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;
                 parsed = PyArg_ParseTuple(extra, "p", &keepdims);
                 ins.keepdims = keepdims;
             } else if (k == "binary") {  // "mul", "add", "sub" or "div"
@@ -1607,11 +1607,6 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 parsed = PyArg_ParseTuple(extra, "OOf", &scale, &bias, &ins.epsilon);
                 if (parsed) ins.gamma = float_vector(scale, "layer norm's scale");
                 if (parsed && bias != Py_None) ins.beta = float_vector(bias, "layer norm's bias");
-            } else if (k == "mean_axis_1") {  // keepdims
-                int keepdims;
-                ins.code = Code::mean_axis_1;
-                parsed = PyArg_ParseTuple(extra, "p", &keepdims);
-                ins.keepdims = keepdims;
             } else if (k == "gather") {  // (the table's values, its shape)
                 PyObject *values, *shape;
                 ins.code = Code::gather;
@@ -1770,6 +1765,12 @@ PyObject *py_version(PyObject *, PyObject *) {
 
 PyObject *py_s16_supported(PyObject *, PyObject *) { return PyBool_FromLong(lpt_s16::supported()); }
 
+PyObject *py_float_lanes(PyObject *, PyObject *args) {
+    int allowed;
+    if (!PyArg_ParseTuple(args, "p", &allowed)) return nullptr;
+    return PyBool_FromLong(lpt_ops::allow_eight_lanes(allowed));
+}
+
 PyMethodDef methods[] = {
         {"conv", py_conv, METH_VARARGS, CONV_DOC},
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
@@ -1778,6 +1779,8 @@ PyMethodDef methods[] = {
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
+        {"float_lanes", py_float_lanes, METH_VARARGS,
+         "float_lanes(allowed) -> previous: whether programs' float32 ops may take eight lanes (AVX2) at a time"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -14,6 +15,15 @@
 #include "s16.h"
 
 namespace lpt_ops {
+
+namespace {
+std::atomic<bool> lanes_allowed{true};
+}  // namespace
+
+bool allow_eight_lanes(bool allowed) { return lanes_allowed.exchange(allowed); }
+
+bool eight_lanes() { return lanes_allowed.load() && lpt_s16::supported(); }
+
 namespace {
 
 constexpr int64_t PARALLEL_WORK = 1 << 16;  // values below which a loop runs on one thread
@@ -244,7 +254,7 @@ __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *
 }  // namespace
 
 void hard_swish(const float *x, int64_t n, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) hard_swish_avx2(x + start, count, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = hard_swish_value(x[i]);
@@ -258,7 +268,7 @@ void relu(const float *x, int64_t n, float *out, int threads) {
 }
 
 void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) hard_sigmoid_avx2(x + start, count, alpha, beta, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
@@ -266,7 +276,7 @@ void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out
 }
 
 void sigmoid(const float *x, int64_t n, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) sigmoid_avx2(x + start, count, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::sigmoid(x[i]);
@@ -290,7 +300,7 @@ void affine(const float *x, const float *a, const float *b, int64_t images, int6
 }
 
 void slope_and_clip(const float *x, int64_t n, float slope, float low, float high, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) return slope_and_clip_avx2(x + start, count, slope, low, high, out + start);
         for (int64_t i = start; i < start + count; ++i) out[i] = slope_and_clip_value(x[i], slope, low, high);
@@ -298,7 +308,7 @@ void slope_and_clip(const float *x, int64_t n, float slope, float low, float hig
 }
 
 void erf(const float *x, int64_t n, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) erf_avx2(x + start, count, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::erf(x[i]);
@@ -348,7 +358,7 @@ void binary(char op, const float *big, const float *small, bool small_first, int
 }
 
 void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
-    const bool avx2 = lpt_s16::supported();
+    const bool avx2 = eight_lanes();
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; ++r) {
         const float *row = x + r * n;
@@ -358,7 +368,7 @@ void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
 }
 
 void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threads) {
-    auto sum = lpt_s16::supported() ? sum_in_lanes_avx2 : sum_in_lanes;
+    auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; ++r) out[r] = sum(x + r * n, n) / (float)n;
 }
@@ -372,7 +382,7 @@ void square_root(const float *x, int64_t n, float *out, int threads) {
 void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,
                 float *out, int threads) {
     const float count = (float)n;
-    auto sum = lpt_s16::supported() ? sum_in_lanes_avx2 : sum_in_lanes;
+    auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
 #pragma omp parallel num_threads(threads) if (threads > 1 && rows * n >= PARALLEL_WORK)
     {
         std::vector<float> squares(n);

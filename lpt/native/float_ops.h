@@ -8,6 +8,12 @@
 
 namespace lpt_ops {
 
+// Whether the ops below take eight lanes at a time (AVX2) or one; the same bits either way. A CPU without
+// AVX2 takes one; allow_eight_lanes(false) makes any CPU take one, so that tests run both forms
+// (it returns the previous setting).
+bool eight_lanes();
+bool allow_eight_lanes(bool allowed);
+
 // ONNX AveragePool (2-D, floor mode, no dilation; `pool`'s dilations are 1) on float32 [planes, h, w]:
 // each window column added down its rows, then the columns left to right, the padding as 0.0, then
 // divided by the window's area (count_include_pad) or by the elements inside.

@@ -17,6 +17,15 @@ from lpt.native import Unsupported
 from lpt.native.program import Program
 from lpt.numerics.exp import erf, sigmoid
 
+@pytest.fixture(autouse=True, scope="module", params=["eight lanes", "one lane"])
+def lanes(request):
+    """Every test twice: with the AVX2 loops (where the CPU has AVX2, as both our kinds of machine do), and
+    with the one-value loops a CPU without AVX2 takes, forced. Both must give lpt's kernels' bits."""
+    previous = lpt.native.engine.float_lanes(request.param == "eight lanes")
+    yield request.param
+    lpt.native.engine.float_lanes(previous)
+
+
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30])
 
 
