@@ -314,3 +314,25 @@ def test_batch_norm_swish_and_squeezes_after_a_layer_are_lpts():
     ours = plan.run({"x": x})["y"]
     np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x})["y"], atol=0.1)  # an LSB at ties
+
+
+def test_a_dynamically_quantized_swish_keeps_onnxruntimes_sigmoid(tmp_path):
+    """ddddocr's old model: Conv → Sigmoid·x, quantized by quantize_dynamic, so the next layer's scale comes
+    from its input's range at run time. lpt's own Sigmoid, a few float32 steps from onnxruntime's, could
+    move that range and every level with it: in such a plan the Sigmoid stays onnxruntime's, and the outputs
+    are onnxruntime's to the bit."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(4)
+    inits = {"w": rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "v": rng.normal(0, 0.3, (5, 4, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["swish"]), helper.make_node("Conv", ["swish", "v"], ["y"])]
+    onnx.save(model(nodes, {"x": ["N", 3, 8, 8]}, {"y": None}, inits, opset=13), tmp_path / "fp32.onnx")
+    quantize_dynamic(tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx", op_types_to_quantize=["Conv"])
+    dynamic = lpt.read_model(tmp_path / "dynamic.onnx")
+    int8 = lpt.clone(dynamic)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.backend for s in plan.steps if "Sigmoid" in s.op_types] == ["onnxruntime"]
+    x = RNG.uniform(-2, 2, (4, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(plan.run({"x": x})["y"], run_onnxruntime(dynamic, {"x": x})["y"])

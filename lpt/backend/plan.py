@@ -137,6 +137,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
     f32_nodes = []
+    # scales computed at run time from a tensor's range: lpt's own float32 results would move them
+    own_results = not any(node.op_type == "DynamicQuantizeLinear" for node in graph)
     for node in graph:
         if id(node) in claimed:
             continue
@@ -144,9 +146,9 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
-        if fused is None and (_between_int8_steps(node, claimed, constants)
+        if fused is None and (_between_int8_steps(node, claimed, constants, own_results)
                               or reads_model_input_from_a_table(node, constants)):
-            fused = try_float_step(node)
+            fused = try_float_step(node, own_results)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
         else:
@@ -169,7 +171,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     return plan
 
 
-def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict) -> bool:
+def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict, own_results: bool = True) -> bool:
     """Whether one of lpt's steps makes a tensor `node` reads at run time, so that a float32 op there keeps
     the native program whole (lpt.backend.float_steps). Not where it would cut an onnxruntime region in two:
     when the graph's f32 part also feeds it, and a node reading its output would stay f32 (neither a float
@@ -181,7 +183,7 @@ def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict) -> bo
     if all(id(p) in claimed for p in producers):
         return True
     readers = [user for v in node.outputs for user, _ in v.uses()]
-    return all(reader.op_type in _QUANTIZES or try_float_step(reader) is not None for reader in readers)
+    return all(reader.op_type in _QUANTIZES or try_float_step(reader, own_results) is not None for reader in readers)
 
 
 _QUANTIZES = ("QuantizeLinear", "Quantize")  # an int8 step starts there
