@@ -21,6 +21,9 @@ from lpt.numerics.exp import erf, sigmoid
 def lanes(request):
     """Every test twice: with the AVX2 loops (where the CPU has AVX2, as both our kinds of machine do), and
     with the one-value loops a CPU without AVX2 takes, forced. Both must give lpt's kernels' bits."""
+    if not lpt.native.available():  # tests/native/conftest.py skips (or, in CI, fails) each test
+        yield request.param
+        return
     previous = lpt.native.engine.float_lanes(request.param == "eight lanes")
     yield request.param
     lpt.native.engine.float_lanes(previous)
