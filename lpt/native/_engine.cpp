@@ -41,6 +41,7 @@
 #include "integer_ops.h"
 #include "s16.h"
 #include "exp.h"
+#include "parallel.h"
 
 using namespace dnnl;
 using tag = memory::format_tag;
@@ -145,12 +146,11 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
     T *out = static_cast<T *>(out_v);
     const int64_t blocks = (positions + BLOCK - 1) / BLOCK, tasks = images * blocks;
     // A parallel region costs a wake-up of every thread (far more on a loaded machine): small outputs take one.
-#pragma omp parallel num_threads(threads) if (threads > 1 && images * positions * channels >= PARALLEL_WORK)
-    {
+    const int loop_threads = images * positions * channels >= PARALLEL_WORK ? threads : 1;
+    lpt_parallel::run(loop_threads, tasks, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<float> x(channels);
         std::vector<T> tile(channels_first ? BLOCK * channels : 0);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tasks; ++t) {
+        for (int64_t t; chunks.next(t);) {
             const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
             for (int64_t p = 0; p < count; ++p) {
                 const int64_t row = (n * positions + p0 + p) * channels;
@@ -166,7 +166,7 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
                     std::memcpy(out + (n * channels + c) * positions + p0, tile.data() + c * BLOCK,
                                 count * sizeof(T));
         }
-    }
+    });
 }
 
 void finish_as(Dst dst, const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images,
@@ -314,20 +314,18 @@ void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t 
                       uint8_t flip, int threads) {
     constexpr int64_t BLOCK = 64;
     const int64_t blocks = (positions + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (images * positions * channels >= PARALLEL_WORK)
-    for (int64_t t = 0; t < images * blocks; ++t) {
+    lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1, images * blocks, [=](int64_t t) {
         const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
         for (int64_t c = 0; c < channels; ++c) {
             const uint8_t *from = src + (n * channels + c) * positions + p0;
             uint8_t *to = dst + (n * positions + p0) * channels + c;
             for (int64_t p = 0; p < count; ++p) to[p * channels] = from[p] ^ flip;
         }
-    }
+    });
 }
 
 void flip_signs(const uint8_t *src, uint8_t *dst, int64_t count, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (count >= 4 * PARALLEL_WORK)
-    for (int64_t i = 0; i < count; ++i) dst[i] = src[i] ^ 0x80;
+    lpt_parallel::for_each(count >= 4 * PARALLEL_WORK ? threads : 1, count, [=](int64_t i) { dst[i] = src[i] ^ 0x80; });
 }
 
 // ---------------------------------------------------------------- Python glue
@@ -678,6 +676,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         data = p.src_scratch.data();
     }
     omp_set_num_threads(op.threads);
+    const lpt_parallel::Quiet quiet;  // oneDNN's OpenMP threads take the cores
     p.src.set_data_handle(const_cast<uint8_t *>(data));
     p.dst_hi.set_data_handle(p.acc_hi.data());
     std::unordered_map<int, memory> arguments{
@@ -762,13 +761,12 @@ void run_product_avx2(const Product &p, const OutputStage &stage, const uint8_t 
     // Below about 4M products a second thread costs more than it saves (measured on a Zen 3: 2 threads
     // 0.033 against 0.013 ms for attention's 2×64×64×16, level at 2×128×64×64×2, 1.7× faster at 33M).
     constexpr int64_t PARALLEL_PRODUCTS = (int64_t)1 << 22;
-#pragma omp parallel num_threads(p.threads) if (p.threads > 1 && batches * m * n * k >= PARALLEL_PRODUCTS)
-    {
+    const int threads = batches * m * n * k >= PARALLEL_PRODUCTS ? p.threads : 1;
+    lpt_parallel::run(threads, batches * m, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<int16_t> packed((size_t)(pairs * columns * 2)), a_pairs((size_t)(2 * pairs), 0);
         std::vector<int32_t> row((size_t)columns);
         int64_t packed_batch = -1;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < batches * m; ++t) {
+        for (int64_t t; chunks.next(t);) {
             const int64_t batch = t / m, i = t % m;
             if (packed_batch != batch) {
                 lpt_s16::pack_product_operand(b + batch * k * n, b_signed, p.b_zero_point, k, n, packed.data());
@@ -782,7 +780,7 @@ void run_product_avx2(const Product &p, const OutputStage &stage, const uint8_t 
             if (stage.dst == Dst::s32) std::memcpy(o, row.data(), n * sizeof(int32_t));
             else lpt_s16::stage_channels(e, row.data(), nullptr, n, o);
         }
-    }
+    });
 }
 
 // a [batches, M, K] and b [batches, K, N], 8-bit, C-contiguous → out [batches, M, N] in the stage's type.
@@ -800,14 +798,13 @@ void run_product(const Product &p, const uint8_t *a, bool a_signed, const uint8_
         run_product_avx2(p, stage, a, a_signed, b, b_signed, batches, m, k, n, out);
         return;
     }
-#pragma omp parallel num_threads(p.threads) if (p.threads > 1 && batches * m * n * k >= PARALLEL_WORK)
-    {
+    const int threads = batches * m * n * k >= PARALLEL_WORK ? p.threads : 1;
+    lpt_parallel::run(threads, batches * m, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<int32_t> row(n), a_row(k);
         std::vector<float> x(n);
         std::vector<int32_t> wide_b;  // b − zb of the batch a thread is in
         int64_t widened = -1;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < batches * m; ++t) {
+        for (int64_t t; chunks.next(t);) {
             const int64_t batch = t / m, i = t % m;
             if (widened != batch) {
                 wide_b.resize((size_t)(k * n));
@@ -826,7 +823,7 @@ void run_product(const Product &p, const uint8_t *a, bool a_signed, const uint8_
                 case Dst::s32: stage_row<int32_t>(stage, row.data(), nullptr, n, x.data(), (int32_t *)o, 1); break;
             }
         }
-    }
+    });
 }
 
 const char PRODUCT_DOC[] =
@@ -1683,6 +1680,7 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     try {
         program->seconds.assign(program->code.size(), 0.0);
+        const lpt_parallel::Busy busy;
         auto start = std::chrono::steady_clock::now();
         for (size_t i = 0; i < program->code.size(); ++i) {
             const Instruction &ins = program->code[i];

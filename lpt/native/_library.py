@@ -37,9 +37,10 @@ def load() -> tuple[ModuleType | None, str | None]:
     """(the _engine module, None), or (None, the reason it is not available)."""
     if os.environ.get(DISABLE_VARIABLE, "").strip().lower() == "off":
         return None, f"{DISABLE_VARIABLE}=off"
-    # libgomp's threads otherwise spin at each barrier; on a busy 2-core machine a spinning
-    # thread waits for one descheduled, and a 0.05 ms convolution took 30 ms (measured on
-    # digits_cnn). Read when libgomp loads, so set before oneDNN brings it in; a user's value stays.
+    # oneDNN's primitives run on libgomp's threads, which otherwise spin at each barrier; on a busy
+    # 2-core machine a spinning thread waits for one descheduled, and a 0.05 ms convolution took
+    # 30 ms (measured on digits_cnn). lpt's own loops have their own pool (parallel.cpp). Read
+    # when libgomp loads, so set before oneDNN brings it in; a user's value stays.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     library = library_path()
     if library is None:

@@ -4,7 +4,6 @@
 
 #include "float_ops.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "exp.h"
+#include "parallel.h"
 #include "s16.h"
 
 namespace lpt_ops {
@@ -104,8 +104,7 @@ void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const 
                   float *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
     const float area = (float)(p.kernel_h * p.kernel_w);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    for (int64_t plane = 0; plane < planes; ++plane) {
+    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, planes, [=](int64_t plane) {
         const float *in = src + plane * h * w;
         float *o = out + plane * oh * ow;
         for (int64_t y = 0; y < oh; ++y)
@@ -126,18 +125,17 @@ void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const 
                 }
                 o[y * ow + x] = total / (count_include_pad ? area : count);
             }
-    }
+    });
 }
 
 void average_pool_channels_last(const float *src, int64_t images, int64_t channels, int64_t h, int64_t w,
                                 const Pool &p, bool count_include_pad, float *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
     const float area = (float)(p.kernel_h * p.kernel_w);
-#pragma omp parallel num_threads(threads) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    {
+    const int loop_threads = images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1;
+    lpt_parallel::run(loop_threads, images * oh, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<float> column(channels);
-#pragma omp for schedule(static)
-        for (int64_t row = 0; row < images * oh; ++row) {
+        for (int64_t row; chunks.next(row);) {
             const int64_t n = row / oh, y = row % oh;
             for (int64_t x = 0; x < ow; ++x) {
                 float *total = out + (row * ow + x) * channels;
@@ -163,7 +161,7 @@ void average_pool_channels_last(const float *src, int64_t images, int64_t channe
                 for (int64_t c = 0; c < channels; ++c) total[c] = total[c] / divisor;
             }
         }
-    }
+    });
 }
 
 namespace {
@@ -172,8 +170,8 @@ constexpr int64_t BLOCK = 4096;  // values per task of the elementwise loops
 // f on [start, start + count) of each block, the blocks shared among the threads
 template <typename F>
 void each_block(int64_t n, int threads, F f) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-    for (int64_t start = 0; start < n; start += BLOCK) f(start, std::min(BLOCK, n - start));
+    lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, (n + BLOCK - 1) / BLOCK,
+                           [=](int64_t b) { f(b * BLOCK, std::min(BLOCK, n - b * BLOCK)); });
 }
 
 constexpr float HARD_SWISH_ALPHA = 1.0f / 6.0f, HARD_SWISH_BETA = 0.5f;
@@ -286,8 +284,7 @@ void sigmoid(const float *x, int64_t n, float *out, int threads) {
 void affine(const float *x, const float *a, const float *b, int64_t images, int64_t channels, int64_t positions,
             bool channels_last, float *out, int threads) {
     const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * width >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; ++r) {
+    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) {
         const float *in = x + r * width;
         float *o = out + r * width;
         if (channels_last) {
@@ -296,7 +293,7 @@ void affine(const float *x, const float *a, const float *b, int64_t images, int6
             const int64_t c = r % channels;
             for (int64_t p = 0; p < width; ++p) o[p] = in[p] * a[c] + b[c];
         }
-    }
+    });
 }
 
 void slope_and_clip(const float *x, int64_t n, float slope, float low, float high, float *out, int threads) {
@@ -327,13 +324,12 @@ void binary_op(const float *big, const float *small, bool small_first, int64_t i
     auto combine = [small_first](float b, float s) { return small_first ? apply<OP>(s, b) : apply<OP>(b, s); };
     if (channels <= 0) {  // elementwise, or one value
         const int64_t n = images * positions;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-        for (int64_t i = 0; i < n; ++i) out[i] = combine(big[i], channels == 0 ? small[i] : small[0]);
+        lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, n,
+                               [=](int64_t i) { out[i] = combine(big[i], channels == 0 ? small[i] : small[0]); });
         return;
     }
     const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * width >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; ++r) {
+    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) {
         const float *b = big + r * width;
         float *o = out + r * width;
         if (channels_last) {  // a row of channels: small's row for the image
@@ -343,7 +339,7 @@ void binary_op(const float *big, const float *small, bool small_first, int64_t i
             const float s = small[r];
             for (int64_t p = 0; p < width; ++p) o[p] = combine(b[p], s);
         }
-    }
+    });
 }
 }  // namespace
 
@@ -359,18 +355,16 @@ void binary(char op, const float *big, const float *small, bool small_first, int
 
 void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
     const bool avx2 = eight_lanes();
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; ++r) {
+    lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) {
         const float *row = x + r * n;
         float *e = out + r * n;
         if (n > 0) softmax_row(row, n, e, avx2);
-    }
+    });
 }
 
 void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threads) {
     auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * n >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; ++r) out[r] = sum(x + r * n, n) / (float)n;
+    lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) { out[r] = sum(x + r * n, n) / (float)n; });
 }
 
 void square_root(const float *x, int64_t n, float *out, int threads) {
@@ -383,14 +377,12 @@ void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, con
                 float *out, int threads) {
     const float count = (float)n;
     auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
-#pragma omp parallel num_threads(threads) if (threads > 1 && rows * n >= PARALLEL_WORK)
-    {
+    if (n == 0) return;
+    lpt_parallel::run(rows * n >= PARALLEL_WORK ? threads : 1, rows, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<float> squares(n);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r; chunks.next(r);) {
             const float *row = x + r * n;
             float *y = out + r * n;
-            if (n == 0) continue;
             const float mean = sum(row, n) / count;
             for (int64_t i = 0; i < n; ++i) y[i] = row[i] - mean;  // d, in place of y
             for (int64_t i = 0; i < n; ++i) squares[i] = y[i] * y[i];
@@ -400,7 +392,7 @@ void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, con
                 y[i] = bias ? v + bias[i] : v;
             }
         }
-    }
+    });
 }
 
 }  // namespace lpt_ops

@@ -3,11 +3,12 @@
 
 #include "integer_ops.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <limits>
 #include <vector>
+
+#include "parallel.h"
 
 namespace lpt_ops {
 namespace {
@@ -46,8 +47,7 @@ inline void load_block(const void *q, bool is_signed, int64_t n, float *x) {
 template <typename T>
 void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Pool &p, T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    for (int64_t plane = 0; plane < planes; ++plane) {
+    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, planes, [=](int64_t plane) {
         const T *in = src + plane * h * w;
         T *o = out + plane * oh * ow;
         for (int64_t y = 0; y < oh; ++y)
@@ -63,15 +63,14 @@ void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Po
                 }
                 o[y * ow + x] = best;
             }
-    }
+    });
 }
 
 template <typename T>
 void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels, int64_t h, int64_t w, const Pool &p,
                                   T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK)
-    for (int64_t row = 0; row < images * oh; ++row) {
+    lpt_parallel::for_each(images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, images * oh, [=](int64_t row) {
         const int64_t n = row / oh, y = row % oh;
         for (int64_t x = 0; x < ow; ++x) {
             T *o = out + ((n * oh + y) * ow + x) * channels;
@@ -87,22 +86,21 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
                 }
             }
         }
-    }
+    });
 }
 
 template <typename T>
 void transpose_typed(const T *src, T *dst, int64_t images, int64_t rows, int64_t columns, int threads) {
     constexpr int64_t TILE = 32;
     const int64_t row_tiles = (rows + TILE - 1) / TILE;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * rows * columns >= PARALLEL_WORK)
-    for (int64_t t = 0; t < images * row_tiles; ++t) {
+    lpt_parallel::for_each(images * rows * columns >= PARALLEL_WORK ? threads : 1, images * row_tiles, [=](int64_t t) {
         const int64_t n = t / row_tiles, r0 = (t % row_tiles) * TILE, r1 = std::min(rows, r0 + TILE);
         const T *in = src + n * rows * columns;
         T *out = dst + n * rows * columns;
         for (int64_t c0 = 0; c0 < columns; c0 += TILE)
             for (int64_t r = r0; r < r1; ++r)
                 for (int64_t c = c0; c < std::min(columns, c0 + TILE); ++c) out[c * rows + r] = in[r * columns + c];
-    }
+    });
 }
 
 }  // namespace
@@ -127,21 +125,19 @@ void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t
 void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
               int threads) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-    for (int64_t b = 0; b < blocks; ++b) {
+    lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, blocks, [=](int64_t b) {
         float levels[BLOCK];
         const int64_t start = b * BLOCK, count = std::min(BLOCK, n - start);
         std::copy(x + start, x + start + count, levels);
         quantize_block(levels, count, scale, zero_point, qmin, qmax);
         store_block(levels, count, static_cast<char *>(out) + start, signed_out);
-    }
+    });
 }
 
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
           float a_scale, float b_shift, float b_scale, bool relu, const Destination &to, void *out, int threads) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= PARALLEL_WORK)
-    for (int64_t k = 0; k < blocks; ++k) {
+    lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, blocks, [=](int64_t k) {
         float x[BLOCK], y[BLOCK];
         const int64_t start = k * BLOCK, count = std::min(BLOCK, n - start);
         load_block(static_cast<const char *>(a) + start, a_signed, count, x);
@@ -156,18 +152,17 @@ void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n,
             for (int64_t i = 0; i < count; ++i) x[i] = x[i] <= 0.0f ? 0.0f : x[i];  // −0 → +0, NaN stays: np.maximum
         if (to.type == 'f') {
             std::copy(x, x + count, static_cast<float *>(out) + start);
-            continue;
+            return;
         }
         quantize_block(x, count, to.scale, to.zero_point, to.qmin, to.qmax);
         store_block(x, count, static_cast<char *>(out) + start, to.type == 'b');
-    }
+    });
 }
 
 void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
                        float *out, int threads) {
     const float count = (float)positions;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * channels * positions >= PARALLEL_WORK)
-    for (int64_t n = 0; n < images; ++n) {
+    lpt_parallel::for_each(images * channels * positions >= PARALLEL_WORK ? threads : 1, images, [=](int64_t n) {
         float *sum = out + n * channels;
         if (positions == 0) {
             std::fill(sum, sum + channels, 0.0f);  // 0 / 0: NaN, as numpy
@@ -185,7 +180,7 @@ void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t
             }
         }
         for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] / count;
-    }
+    });
 }
 
 namespace {

@@ -22,9 +22,9 @@
 
 #include "s16.h"
 #include "exp.h"
+#include "parallel.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -212,13 +212,12 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
            int64_t images, int64_t h, int64_t w, int16_t *wide, int threads) {
     const int64_t c = g.in_channels, c2 = g.padded_channels();
     const int64_t hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c2;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && images * hp * row >= PARALLEL_WORK)
-    for (int64_t t = 0; t < images * hp; ++t) {
+    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t) {
         const int64_t n = t / hp, y = t % hp - g.pad_top;
         int16_t *out = wide + t * row;
         if (y < 0 || y >= h) {
             std::memset(out, 0, row * sizeof(int16_t));
-            continue;
+            return;
         }
         std::memset(out, 0, g.pad_left * c2 * sizeof(int16_t));
         std::memset(out + (g.pad_left + w) * c2, 0, g.pad_right * c2 * sizeof(int16_t));
@@ -239,7 +238,7 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
                     interior[x * c2 + k] = (int16_t)((signed_src ? (int)(int8_t)in[x] : (int)in[x]) - zero_point);
             }
         }
-    }
+    });
 }
 
 namespace {
@@ -256,20 +255,18 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
     Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
     if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
-#pragma omp parallel for collapse(3) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
-    for (int64_t n = 0; n < images; ++n)
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int64_t t = 0; t < tiles; ++t) {
-                const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
-                const int16_t *starts[TILE];
-                for (int64_t j = 0; j < count; ++j) {
-                    const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
-                    starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
-                }
-                alignas(32) int32_t acc[TILE * LANES];
-                TILES[count](starts, packed + b * block_size, walk, acc);
-                sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
-            }
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * tiles, [=](int64_t task) {
+        const int64_t n = task / (blocks * tiles), b = task / tiles % blocks, t = task % tiles;
+        const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
+        const int16_t *starts[TILE];
+        for (int64_t j = 0; j < count; ++j) {
+            const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
+            starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
+        }
+        alignas(32) int32_t acc[TILE * LANES];
+        TILES[count](starts, packed + b * block_size, walk, acc);
+        sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+    });
 }
 
 }  // namespace
@@ -301,20 +298,18 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
     const int64_t block_size = g.kernel_h * g.kernel_w * LANES;
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
-#pragma omp parallel for collapse(3) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
-    for (int64_t n = 0; n < images; ++n)
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int64_t t = 0; t < tiles; ++t) {
-                const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
-                alignas(32) int32_t acc[TILE * LANES];
-                for (int64_t j = 0; j < count; ++j) {
-                    const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
-                    const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
-                    depthwise_block(window, packed + b * block_size, g, g.dilation_h * wp * c2, g.dilation_w * c2,
-                                    acc + j * LANES);
-                }
-                sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
-            }
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * tiles, [=](int64_t task) {
+        const int64_t n = task / (blocks * tiles), b = task / tiles % blocks, t = task % tiles;
+        const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
+        alignas(32) int32_t acc[TILE * LANES];
+        for (int64_t j = 0; j < count; ++j) {
+            const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
+            const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
+            depthwise_block(window, packed + b * block_size, g, g.dilation_h * wp * c2, g.dilation_w * c2,
+                            acc + j * LANES);
+        }
+        sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+    });
 }
 
 }  // namespace
@@ -466,20 +461,21 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         const int64_t group_bytes = 16 * TILE * stride * sizeof(int16_t);
         const int64_t few = std::max<int64_t>(1, std::min<int64_t>(FEW_GROUPS_BYTES / group_bytes, groups / (4 * threads)));
         const int64_t runs = (groups + few - 1) / few;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && work >= 16 * PARALLEL_WORK)
-        for (int64_t r = 0; r < runs; ++r) {
-            thread_local PackedWeights source;  // each thread's own (a PackedWeights for its 64-byte lines)
-            source.resize(few * 16 * TILE * stride);
-            const int64_t first_group = r * few, last_group = std::min(groups, first_group + few);
-            for (int64_t tile = first_group * TILE; tile < std::min(tiles, last_group * TILE); ++tile) {
-                const int64_t group = tile / TILE - first_group, j = tile % TILE;
-                transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile,
-                               source.data() + (group * 16 * TILE + j) * stride, TILE * stride);
+        lpt_parallel::run(work >= 16 * PARALLEL_WORK ? threads : 1, runs, 1, [&](lpt_parallel::Chunks &chunks) {
+            for (int64_t r; chunks.next(r);) {
+                thread_local PackedWeights source;  // each thread's own (a PackedWeights for its 64-byte lines)
+                source.resize(few * 16 * TILE * stride);
+                const int64_t first_group = r * few, last_group = std::min(groups, first_group + few);
+                for (int64_t tile = first_group * TILE; tile < std::min(tiles, last_group * TILE); ++tile) {
+                    const int64_t group = tile / TILE - first_group, j = tile % TILE;
+                    transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile,
+                                   source.data() + (group * 16 * TILE + j) * stride, TILE * stride);
+                }
+                for (int64_t b = 0; b < blocks; ++b)
+                    for (int64_t group = first_group; group < last_group; ++group)
+                        multiply(source.data() + (group - first_group) * 16 * TILE * stride, TILE * stride, group, b);
             }
-            for (int64_t b = 0; b < blocks; ++b)
-                for (int64_t group = first_group; group < last_group; ++group)
-                    multiply(source.data() + (group - first_group) * 16 * TILE * stride, TILE * stride, group, b);
-        }
+        });
         return;
     }
     // Many channels, few positions: the transformed source is small; each thread takes blocks of
@@ -487,12 +483,13 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
     thread_local std::vector<int16_t> transformed;  // the calling thread's, reused by every layer it runs
     transformed.resize(16 * tiles * stride);
     int16_t *v = transformed.data();  // read by the loop's threads, each of which has its own thread_local
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && 16 * tiles * stride >= PARALLEL_WORK)
-    for (int64_t tile = 0; tile < tiles; ++tile)
+    lpt_parallel::for_each(16 * tiles * stride >= PARALLEL_WORK ? threads : 1, tiles, [=](int64_t tile) {
         transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile, v + tile * stride, tiles * stride);
-#pragma omp parallel for collapse(2) num_threads(threads) schedule(static) if (threads > 1 && work >= 16 * PARALLEL_WORK)
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t group = 0; group < groups; ++group) multiply(v + group * TILE * stride, tiles * stride, group, b);
+    });
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, blocks * groups, [=](int64_t task) {
+        const int64_t b = task / groups, group = task % groups;
+        multiply(v + group * TILE * stride, tiles * stride, group, b);
+    });
     if (transformed.size() * sizeof(int16_t) > KEEP_TRANSFORMED_BYTES) std::vector<int16_t>().swap(transformed);
 }
 

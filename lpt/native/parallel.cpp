@@ -1,0 +1,135 @@
+// The pool behind lpt_parallel::run (parallel.h).
+//
+// One loop is open at a time. A caller publishes it (`job`, `wanted`), opens it (`inside` = 0) and
+// bumps `generation`; a worker that sees the new generation joins by raising `inside` while it is
+// below `wanted`, takes chunks until none is left, and leaves. The caller takes chunks too, then
+// closes the loop by turning `inside` from 0 to −1: a worker that comes later finds it closed.
+// A second caller (another Python thread, or a loop inside a loop's task) does not wait: it runs its
+// loop alone.
+#include "parallel.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace lpt_parallel {
+namespace {
+
+// How long a worker spins for the next loop before it sleeps: inside a program run, long enough to
+// cover the steps that run on one thread; outside, only the gap between two calls from Python.
+constexpr auto SPIN_BUSY = std::chrono::microseconds(1000);
+constexpr auto SPIN_IDLE = std::chrono::microseconds(50);
+
+struct Job {
+    Task task;
+    void *context;
+    int64_t n, grain;
+    std::atomic<int64_t> next{0};
+};
+
+struct Pool {
+    std::atomic<bool> claimed{false};  // a loop is open (or being opened or closed)
+    std::atomic<uint64_t> generation{0};
+    std::atomic<int> inside{-1};       // workers in the open loop; −1: no loop is open
+    std::atomic<int> wanted{0};        // workers the open loop takes
+    std::atomic<Job *> job{nullptr};
+    std::atomic<int> busy{0}, quiet{0};
+    std::atomic<int> sleepers{0};
+    std::mutex sleep_lock;
+    std::condition_variable wake;
+    int workers = 0;                   // started so far (by the thread that claimed the pool)
+
+    void work();
+    void wait_for_loop(uint64_t seen);
+};
+
+// Never destroyed: detached workers may still be asleep on it when the process exits.
+Pool *pool = new Pool;
+
+void Pool::wait_for_loop(uint64_t seen) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
+        if (spins % 64 == 63) {
+            const bool keep_spinning = quiet.load(std::memory_order_relaxed) == 0 &&
+                                       std::chrono::steady_clock::now() - start <
+                                               (busy.load(std::memory_order_relaxed) > 0 ? SPIN_BUSY : SPIN_IDLE);
+            if (!keep_spinning) {
+                std::unique_lock<std::mutex> lock(sleep_lock);
+                sleepers.fetch_add(1);  // seq_cst, against the caller's bump of `generation` then read of it
+                wake.wait(lock, [&] { return generation.load() != seen; });
+                sleepers.fetch_sub(1);
+                return;
+            }
+        }
+        _mm_pause();
+    }
+}
+
+void Pool::work() {
+    uint64_t seen = generation.load(std::memory_order_acquire);
+    for (;;) {
+        wait_for_loop(seen);
+        seen = generation.load(std::memory_order_acquire);
+        bool joined = false;
+        for (int count = inside.load(std::memory_order_acquire);
+             !joined && count >= 0 && count < wanted.load(std::memory_order_acquire);)
+            joined = inside.compare_exchange_weak(count, count + 1, std::memory_order_acq_rel);
+        if (!joined) continue;
+        // Possibly a loop opened after `seen`: any open loop is as good
+        Job *j = job.load(std::memory_order_acquire);
+        Chunks chunks(&j->next, j->n, j->grain);
+        j->task(j->context, chunks);
+        inside.fetch_sub(1, std::memory_order_release);
+    }
+}
+
+void start_afresh_after_fork() { pool = new Pool; }  // the child has none of the parent's workers
+
+[[maybe_unused]] const bool registered = pthread_atfork(nullptr, nullptr, start_afresh_after_fork) == 0;
+
+}  // namespace
+
+void run_erased(int threads, int64_t n, int64_t grain, Task task, void *context) {
+    if (n <= 0) return;
+    if (grain <= 0) grain = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
+    Job job{task, context, n, grain};
+    Chunks mine(&job.next, n, grain);
+    Pool &p = *pool;
+    if (threads <= 1 || n <= grain || p.claimed.exchange(true, std::memory_order_acquire)) {
+        task(context, mine);
+        return;
+    }
+    for (; p.workers < threads - 1; ++p.workers) std::thread([&p] { p.work(); }).detach();
+    p.job.store(&job, std::memory_order_release);
+    p.wanted.store(threads - 1, std::memory_order_release);
+    p.inside.store(0, std::memory_order_release);
+    p.generation.fetch_add(1);  // seq_cst, against a worker's raise of `sleepers` then read of this
+    if (p.sleepers.load() > 0) {
+        std::lock_guard<std::mutex> lock(p.sleep_lock);
+        p.wake.notify_all();
+    }
+    auto close = [&p] {  // after the workers inside have left; their writes are then visible here
+        for (int count = 0; !p.inside.compare_exchange_weak(count, -1, std::memory_order_acq_rel); count = 0)
+            _mm_pause();
+        p.claimed.store(false, std::memory_order_release);
+    };
+    try {
+        task(context, mine);
+    } catch (...) {
+        job.next.store(n);  // no worker starts another chunk
+        close();
+        throw;
+    }
+    close();
+}
+
+Busy::Busy() { pool->busy.fetch_add(1, std::memory_order_relaxed); }
+Busy::~Busy() { pool->busy.fetch_sub(1, std::memory_order_relaxed); }
+Quiet::Quiet() { pool->quiet.fetch_add(1, std::memory_order_relaxed); }
+Quiet::~Quiet() { pool->quiet.fetch_sub(1, std::memory_order_relaxed); }
+
+}  // namespace lpt_parallel
