@@ -3,8 +3,10 @@
 Each engine runs the same batch repeatedly; the median of the repeats is reported, and the
 ratios are what to read (this machine is shared and noisy). The engines take turns in short
 blocks over several rounds, so a slow minute on a shared machine lands on all of them rather
-than on whichever ran then; within a block an engine runs back to back, as it would in use,
-so no engine pays for another's thread pool still spinning. Threads are pinned to the same
+than on whichever ran then; within a block an engine runs back to back, as it would in use.
+Each block starts after a pause (SETTLE_SECONDS), so no engine pays for another's thread pool
+still spinning: onnxruntime's workers spin on after a run, and lpt's first runs after a block of
+onnxruntime's took 1.3-2.5x their time (plcmos_v2, 2 threads). Threads are pinned to the same
 count for all: onnxruntime's intra-op pool, lpt's integer GEMM (MLAS, in its own onnxruntime
 sessions), the BLAS pool of lpt's f32 routes, and OpenVINO's CPU plugin.
 
@@ -51,6 +53,9 @@ class BenchResult:
                 "unavailable": self.unavailable}
 
 
+SETTLE_SECONDS = 0.1  # the pause before each block: spinning workers of the engine before have stopped
+
+
 def median_ms_in_turns(engines: dict[str, Callable[[], object]], repeats: int, rounds: int = 5) -> dict[str, float]:
     """Median milliseconds per call of each engine, the engines taking turns in `rounds` blocks."""
     rounds = max(1, min(rounds, repeats))
@@ -58,6 +63,7 @@ def median_ms_in_turns(engines: dict[str, Callable[[], object]], repeats: int, r
     for round_ in range(rounds):
         block = repeats // rounds + (round_ < repeats % rounds)
         for name, function in engines.items():
+            time.sleep(SETTLE_SECONDS)
             function()  # warm: caches, and the thread pool awake
             for _ in range(block):
                 start = time.perf_counter()
