@@ -243,28 +243,38 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
 
 namespace {
 
-// Every tile of the convolution, each handed to sink(acc [count][LANES], first position, count,
-// first channel, valid channels) as soon as it is done.
+// Tiles per hand-over to the sink: the output stage's set-up (its constants, the post-ops) then serves
+// 48 positions instead of 6: a 1→32-channel 3×3 convolution on 900×120, where the stage's share is
+// the largest, went from 3.1 to 2.5 ms (Zen 3, one thread). 48·16 accumulators are 3 kB, in L1.
+constexpr int64_t RUN_TILES = 8;
+
+// Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
+// position, count, first channel, valid channels) as soon as it is done.
 template <typename Sink>
 void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int threads, const Sink &sink) {
     const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
+    constexpr int64_t RUN = RUN_TILES * TILE;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
     const int64_t block_size = g.kernel_h * g.row_values() * LANES;
     Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
     if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
-    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * tiles, [=](int64_t task) {
-        const int64_t n = task / (blocks * tiles), b = task / tiles % blocks, t = task % tiles;
-        const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
-        const int16_t *starts[TILE];
-        for (int64_t j = 0; j < count; ++j) {
-            const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
-            starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
+        const int64_t n = task / (blocks * runs), b = task / runs % blocks, first = task % runs * RUN;
+        const int64_t count = std::min(RUN, positions - first);
+        alignas(32) int32_t acc[RUN * LANES];
+        int64_t oy = first / out_w, ox = first % out_w;  // of the position j below, kept as j advances
+        for (int64_t t = 0; t < count; t += TILE) {
+            const int64_t in_tile = std::min<int64_t>(TILE, count - t);
+            const int16_t *starts[TILE];
+            for (int64_t j = 0; j < in_tile; ++j) {
+                starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
+                if (++ox == out_w) ox = 0, ++oy;
+            }
+            TILES[in_tile](starts, packed + b * block_size, walk, acc + t * LANES);
         }
-        alignas(32) int32_t acc[TILE * LANES];
-        TILES[count](starts, packed + b * block_size, walk, acc);
         sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
     });
 }
@@ -288,25 +298,27 @@ __attribute__((target("avx2"))) void depthwise_block(const int16_t *window, cons
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), high);
 }
 
-// Every tile (TILE positions of one block of 16 channels) of a depthwise convolution, handed to
-// sink as each_tile hands a convolution's.
+// Every run of RUN_TILES·TILE positions of one block of 16 channels of a depthwise convolution,
+// handed to sink as each_tile hands a convolution's.
 template <typename Sink>
 void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                          int64_t w, int threads, const Sink &sink) {
     const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, tiles = (positions + TILE - 1) / TILE;
+    constexpr int64_t RUN = RUN_TILES * TILE;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
     const int64_t block_size = g.kernel_h * g.kernel_w * LANES;
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
-    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * tiles, [=](int64_t task) {
-        const int64_t n = task / (blocks * tiles), b = task / tiles % blocks, t = task % tiles;
-        const int64_t first = t * TILE, count = std::min<int64_t>(TILE, positions - first);
-        alignas(32) int32_t acc[TILE * LANES];
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
+        const int64_t n = task / (blocks * runs), b = task / runs % blocks, first = task % runs * RUN;
+        const int64_t count = std::min(RUN, positions - first);
+        alignas(32) int32_t acc[RUN * LANES];
+        int64_t oy = first / out_w, ox = first % out_w;  // of the position j below, kept as j advances
         for (int64_t j = 0; j < count; ++j) {
-            const int64_t oy = (first + j) / out_w, ox = (first + j) % out_w;
             const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
             depthwise_block(window, packed + b * block_size, g, g.dilation_h * wp * c2, g.dilation_w * c2,
                             acc + j * LANES);
+            if (++ox == out_w) ox = 0, ++oy;
         }
         sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
     });
