@@ -160,9 +160,7 @@ def _session(proto: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     # more threads than cores gain nothing, and many thousands exhaust the machine
     options.intra_op_num_threads = min(threads, limits.cores())
     options.inter_op_num_threads = 1
-    # onnxruntime's threads spin between its ops, as by default (asleep instead, each op waits for a
-    # wake-up: oww_melspectrogram as one region took 0.096 ms instead of 0.083), but stop once a run
-    # returns: spinning on, they take the cores lpt's native programs run on next (those ran 1.3-2.5x
-    # slower for ~50 ms after a run of onnxruntime's, on plcmos_v2).
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    # Idle onnxruntime threads spin by default, and would steal the cores the int8
+    # kernels' threads run on between two fallback regions.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -95,8 +95,8 @@ def _session(weights: np.ndarray, threads: int, route: str) -> ort.InferenceSess
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Threads still spinning after the run would steal the cores from the numpy work between two GEMMs.
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    # Spinning threads would steal the cores from the numpy work between two GEMMs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
