@@ -1342,6 +1342,33 @@ void step(Program &program, const Instruction &ins) {
             out.dims[1] = channels;
             const int64_t images = a.dims[0], item = a.item(), plane = a.positions() * item;
             char *o = static_cast<char *>(out.allocate(a.type, out.count()));
+            const bool any_channels_last = std::any_of(ins.in.begin(), ins.in.end(),
+                                                       [&](int slot) { return slots[slot].transposed(); });
+            if (any_channels_last && out.dims.size() > 2 && a.positions() > 1) {
+                // Kept channels-last, as the convolutions that make and read it lay their tensors: each
+                // position's channels from each part in turn. Made channels-first, one Concat of the
+                // PaddleOCR detector cost 15.8 ms in transposes (and its reader a transpose back).
+                out.channels_last = true;
+                const int64_t rows = images * a.positions();
+                int64_t offset = 0;  // channels before the part's
+                for (int slot : ins.in) {
+                    const Slot &part = slots[slot];
+                    const int64_t width = part.dims[1] * item;
+                    const char *values = static_cast<const char *>(part.data);
+                    std::vector<unsigned char> order;
+                    if (!part.channels_last && part.dims[1] > 1) {
+                        order.resize(part.count() * item);
+                        part.channels_last_into(order.data(), program.threads);
+                        values = reinterpret_cast<const char *>(order.data());
+                    }
+                    const int64_t row_bytes = channels * item, start = offset * item;
+                    lpt_parallel::for_each(rows * width >= (1 << 16) ? program.threads : 1, rows, [=](int64_t r) {
+                        std::memcpy(o + r * row_bytes + start, values + r * width, width);
+                    });
+                    offset += part.dims[1];
+                }
+                break;
+            }
             int64_t offset = 0;  // bytes into each output image
             for (int slot : ins.in) {
                 const Slot &part = slots[slot];
