@@ -128,6 +128,27 @@ def test_dequantize_then_quantize_is_one_requantize_step():
     np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
 
 
+@pytest.mark.parametrize("dtype, zero_point", [(np.uint8, 100), (np.int8, -3), (np.uint8, 0)])
+def test_a_quantize_back_to_the_same_scale_and_zero_point_is_the_identity(dtype, zero_point):
+    """onnxruntime's QDQ models dequantize and quantize again with the same parameters around a
+    MaxPool: the integers pass through unchanged, for every value of the type and scales from tiny to
+    large, as onnxruntime computes them."""
+    from tests.transformations.builders import Graph
+
+    q = np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1).astype(dtype).reshape(1, -1)
+    for scale in (1e-8, 0.02, 0.1 + 1e-7, 3.0, 1e6):
+        g = Graph()
+        g.op("Relu", [g.fq(g.op("Identity", [g.fq("x", scale, dtype(zero_point))]), scale, dtype(zero_point))],
+             name="y")
+        _, m = g.build({"x": list(q.shape)}, ["y"])
+        lpt.transform(m)
+        plan = compile_model(m)
+        [requantize] = [s for s in plan.steps if "Cast" in s.op_types and "QuantizeLinear" in s.op_types]
+        assert requantize.native == ("identity", None)
+        x = ((q.astype(np.float32) - zero_point) * np.float32(scale)).astype(np.float32)
+        np.testing.assert_array_equal(plan.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
 @pytest.mark.parametrize("op", ["Add", "Mul", "Concat"])
 def test_join_of_two_quantized_branches_is_one_integer_step(op):
     from tests.transformations.builders import Graph

@@ -359,12 +359,31 @@ def _dequantize(node: ir.Node):
     if pool is not None and (fused := _average_pool(node, nodes + [pool], scale, shift)) is not None:
         return fused
     destination = quantized_next(multiply.outputs[0])
+    if destination is not None and _quantizes_back_to_itself(node.inputs[0], shift, scale, destination[1]):
+        # onnxruntime's QDQ models write such a pair around a MaxPool or a Reshape: no values change
+        return _step(lambda q: [q], [node.inputs[0]], nodes + [destination[0]], native=("identity", None))
 
     def run(q):
         x = kernels.dequantize_shifted(q, shift, scale)
         return [destination[1].quantize(x, in_place=True) if destination else x]  # x is the step's own
 
     return _step(run, [node.inputs[0]], nodes + ([destination[0]] if destination else []))
+
+
+def _quantizes_back_to_itself(source: ir.Value, shift: np.ndarray | None, scale: np.ndarray,
+                              quantization) -> bool:
+    """Whether quantize(dequantize(q)) is q for every 8-bit q: the same scale and zero point, into q's own
+    type. Exactly so: with k = q − zero point (|k| ≤ 255) and a normal scale s, fl(fl(k·s) / s) lies within
+    255·2⁻²³ of k, so rint gives k back and nothing saturates."""
+    if source.dtype not in (ir.DataType.UINT8, ir.DataType.INT8) or not quantization.is_per_tensor:
+        return False
+    if scale.size != 1 or (shift is not None and shift.size != 1):
+        return False
+    s = np.float32(scale.reshape(()))
+    info = np.iinfo(source.dtype.numpy())
+    return (bool(2.0**-100 <= s <= 2.0**100) and np.float32(quantization.scale.reshape(())) == s
+            and float(quantization.zero_point.reshape(())) == (0.0 if shift is None else float(shift.reshape(())))
+            and (quantization.qmin, quantization.qmax) == (int(info.min), int(info.max)))
 
 
 def _average_pool(cast: ir.Node, nodes: list[ir.Node], scale: np.ndarray, shift: np.ndarray | None):
