@@ -327,6 +327,36 @@ def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head):
         assert step.engine == lpt.native.engine_name(lpt.native.route())
 
 
+@pytest.mark.parametrize("source", ["convolution", "input"])
+def test_an_upsampling_between_layers_is_an_instruction_of_their_native_program(source):
+    """Between two convolutions (whose outputs lie channels-last in a program), or reading the
+    quantized input (channels-first), the upsampling joins the program, with the same bits as lpt's
+    kernels and one output pixel per input pixel and tap."""
+    import lpt.native
+    from tests.transformations.builders import Graph
+
+    g = Graph()
+    x = g.fq("x", 0.02, np.uint8(100))
+    if source == "convolution":
+        x = g.fq(g.op("Relu", [g.op("Conv", [x, g.weight((16, 3, 3, 3)), g.const(np.zeros(16, np.float32))],
+                                   pads=[1, 1, 1, 1])]), 0.04, np.uint8(0))
+    channels = 16 if source == "convolution" else 3
+    up = g.op("ConvTranspose", [x, g.weight((channels, 6, 2, 2), axis=1),
+                                g.const(g.rng.normal(size=6).astype(np.float32))], strides=[2, 2])
+    y = g.fq(g.op("Relu", [up]), 0.05, np.uint8(0))
+    g.op("Conv", [y, g.weight((4, 6, 3, 3)), g.const(np.zeros(4, np.float32))], pads=[1, 1, 1, 1], name="y")
+    _, m = g.build({"x": [2, 3, 5, 7]}, ["y"])
+    lpt.transform(m)
+    plan = compile_model(m)
+    x = RNG.uniform(-2, 3, (2, 3, 5, 7)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 4, 10, 14)
+    np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
+    if lpt.native.available():
+        [program] = [s for s in plan.run_steps if "ConvTransposeInteger" in s.op_types]
+        assert program.engine == "native program" and "ConvInteger" in program.op_types
+
+
 @pytest.mark.parametrize("auto_pad, stride, native", [("SAME_UPPER", 1, True), ("SAME_LOWER", 1, True), ("VALID", 1, True),
                                                       ("SAME_UPPER", 2, False)])
 def test_auto_pad_with_pads_the_input_size_does_not_decide_runs_on_the_native_engine(auto_pad, stride, native):

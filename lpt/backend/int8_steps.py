@@ -218,9 +218,8 @@ def _upsampling(layer: Int8Layer) -> tuple[int, int] | None:
 
 class _NativeUpsampling:
     """A ConvTranspose of _upsampling's kind on the native engine, called as a native operation is: a
-    matmul with the output stage per column (each output channel's for its kh·kw taps), then the layout."""
-
-    instruction = None  # a matmul and a layout: not one instruction of a native program
+    matmul with the output stage per column, its columns [kh][kw][C_out] (each tap's run of output
+    channels, which a pixel of the output takes whole), then the layout."""
 
     def __init__(self, layer: Int8Layer, stage: dict, kernel_h: int, kernel_w: int):
         from lpt import native
@@ -230,19 +229,25 @@ class _NativeUpsampling:
         taps = kernel_h * kernel_w
 
         def per_column(values):
-            return None if values is None else np.repeat(np.broadcast_to(np.asarray(values).reshape(-1), (self.c_out,)),
-                                                         taps)
+            return None if values is None else np.tile(np.broadcast_to(np.asarray(values).reshape(-1), (self.c_out,)),
+                                                       taps)
 
         stage = dict(stage, multiplier=per_column(stage["multiplier"]), bias=per_column(stage["bias"]),
                      weight_zero_point=per_column(stage["weight_zero_point"]))
-        self.matmul = native.MatMul(np.ascontiguousarray(layer.weights.reshape(self.c_in, self.c_out * taps)), **stage)
+        columns = layer.weights.transpose(0, 2, 3, 1).reshape(self.c_in, taps * self.c_out)  # [C_in, kh, kw, C_out]
+        self.matmul = native.MatMul(np.ascontiguousarray(columns), **stage)
         self.route = self.matmul.route
+
+    @property
+    def instruction(self) -> tuple:
+        """This upsampling as an instruction of a native program (lpt.native.program)."""
+        return ("upsample", (self.matmul.instruction[1], *self.kernel))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         n, _, h, w = x.shape
         (kh, kw), c_out = self.kernel, self.c_out
-        out = self.matmul(np.moveaxis(x, 1, -1).reshape(-1, self.c_in))  # [N·H·W, C_out·kh·kw]
-        out = out.reshape(n, h, w, c_out, kh, kw).transpose(0, 3, 1, 4, 2, 5)
+        out = self.matmul(np.moveaxis(x, 1, -1).reshape(-1, self.c_in))  # [N·H·W, kh·kw·C_out]
+        out = out.reshape(n, h, w, kh, kw, c_out).transpose(0, 5, 1, 3, 2, 4)
         return np.ascontiguousarray(out).reshape(n, c_out, h * kh, w * kw)
 
 

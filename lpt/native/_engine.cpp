@@ -926,7 +926,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the program's outputs see channels-first values, as the steps do.
 
 enum class Code {
-    quantize, layer, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
+    quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, erf, sqrt, affine, binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
@@ -935,7 +935,7 @@ struct Instruction {
     Code code;
     std::vector<int> in;
     int out = 0;
-    Operation *operation = nullptr;  // layer
+    Operation *operation = nullptr;  // layer, upsample
     Product *product = nullptr;      // product
     PyObject *capsule = nullptr;     // layer, product: a reference that keeps `operation` or `product` alive
     lpt_ops::Pool pool{};            // max_pool, average_pool
@@ -1034,6 +1034,7 @@ struct Program {
     std::vector<size_t> last_use;
     std::vector<Memory> pool;
     std::vector<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
+    std::vector<unsigned char> upsampled;  // an upsampling's matmul output, before its layout
     std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
     int threads = 1;
     std::mutex lock;
@@ -1099,6 +1100,43 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
     }
 }
 
+// A ConvTranspose whose stride is its kernel (kh × kw, in ins.shape): each output pixel reads one input
+// pixel, so it is the matmul op of every pixel's channels (its columns [kh][kw][C_out]: lpt.backend.
+// int8_steps._NativeUpsampling), each pixel's kh·kw runs of C_out values then laid out as pixels,
+// channels-last [N, H·kh, W·kw, C_out] as a convolution's output.
+void run_upsampling(Program &program, const Instruction &ins, const Slot &src, Slot &out) {
+    Operation &op = *ins.operation;
+    const int64_t kh = ins.shape[0], kw = ins.shape[1], taps = kh * kw;
+    if (op.kind != Kind::matmul || !src.eight_bit() || src.dims.size() != 4 || src.dims[1] != op.in_channels ||
+        op.out_channels % taps)
+        throw Unsupported("an upsampling's source does not fit its weights");
+    const int64_t images = src.dims[0], h = src.dims[2], w = src.dims[3], rows = images * h * w;
+    const int64_t c_out = op.out_channels / taps;
+    const uint8_t *in = static_cast<const uint8_t *>(src.data);
+    if (!src.channels_last && src.dims[1] > 1 && h * w > 1) {  // the matmul reads each pixel's channels
+        program.scratch.resize(src.count());
+        src.channels_last_into(program.scratch.data(), program.threads);
+        in = program.scratch.data();
+    }
+    const Dst dst = op.stage.dst;
+    const size_t item = item_size(dst);
+    program.upsampled.resize((size_t)(rows * op.out_channels) * item);
+    if (rows) execute(op, in, {rows, op.in_channels}, false, src.type == 'b', dst, false, program.upsampled.data(),
+                      program.upsampled.size());
+    out.dims = {images, c_out, h * kh, w * kw};
+    char *o = static_cast<char *>(out.allocate(dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b', out.count()));
+    out.channels_last = true;
+    const unsigned char *columns = program.upsampled.data();
+    const int64_t run = c_out * (int64_t)item;
+    lpt_parallel::for_each(rows * op.out_channels >= (1 << 15) ? program.threads : 1, rows, [=](int64_t r) {
+        const int64_t image = r / (h * w), y = r / w % h, x = r % w;
+        for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j)
+                std::memcpy(o + (((image * h + y) * kh + i) * w * kw + x * kw + j) * run,
+                            columns + (r * taps + i * kw + j) * run, run);
+    });
+}
+
 // `out` as `a`'s values with other dimensions: a view of them, or, where `a` lies channels-last, a
 // channels-first copy (a flatten or reshape reads the channels-first order).
 void view_as(Slot &out, const Slot &a, std::vector<int64_t> dims, int threads) {
@@ -1137,6 +1175,7 @@ void step(Program &program, const Instruction &ins) {
     out.channels_last = false;
     switch (ins.code) {
         case Code::layer: run_layer(ins, a, out, program.scratch); break;
+        case Code::upsample: run_upsampling(program, ins, a, out); break;
         case Code::quantize: {
             if (a.type != 'f') throw Unsupported("a quantize reads integers");
             out.dims = a.dims;
@@ -1546,6 +1585,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
             } else if (k == "layer") {
                 ins.code = Code::layer;
                 parsed = hold(ins.operation = operation(extra));
+            } else if (k == "upsample") {  // (a MatMul's capsule, kernel_h, kernel_w)
+                PyObject *matmul;
+                int64_t kh, kw;
+                ins.code = Code::upsample;
+                parsed = PyArg_ParseTuple(extra, "OLL", &matmul, &kh, &kw) && hold(ins.operation = operation(matmul));
+                ins.shape = {kh, kw};
             } else if (k == "quantize") {
                 int signed_out;
                 ins.code = Code::quantize;

@@ -7,7 +7,8 @@
     [pooled] = program(x)
 
 Instructions (the `native` descriptions lpt.backend.int8_steps gives its steps): "layer" (a
-prepared lpt.native Conv or MatMul), "quantize" (scale, zero point, qmin, qmax, signed),
+prepared lpt.native Conv or MatMul), "upsample" (a ConvTranspose whose stride is its kernel: a
+prepared MatMul's, kernel_h, kernel_w), "quantize" (scale, zero point, qmin, qmax, signed),
 "join" (an Add or Mul of two dequantized 8-bit tensors, Relu, quantize), "max_pool" (2-D),
 "flatten" (axis), "product" (a prepared lpt.native Product), and on float32 "mean" (a global
 average), "average_pool" (kernel, strides, pads, count_include_pad), "hard_swish", "binary" ("mul"
