@@ -145,7 +145,7 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
     constexpr int64_t BLOCK = 64;
     T *out = static_cast<T *>(out_v);
     const int64_t blocks = (positions + BLOCK - 1) / BLOCK, tasks = images * blocks;
-    // A parallel region costs a wake-up of every thread (far more on a loaded machine): small outputs take one.
+    // A second thread costs its wake-up (far more on a loaded machine): small outputs take one.
     const int loop_threads = images * positions * channels >= PARALLEL_WORK ? threads : 1;
     lpt_parallel::run(loop_threads, tasks, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<float> x(channels);
@@ -314,7 +314,8 @@ void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t 
                       uint8_t flip, int threads) {
     constexpr int64_t BLOCK = 64;
     const int64_t blocks = (positions + BLOCK - 1) / BLOCK;
-    lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1, images * blocks, [=](int64_t t) {
+    lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1,
+                           images * blocks, [=](int64_t t) {
         const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
         for (int64_t c = 0; c < channels; ++c) {
             const uint8_t *from = src + (n * channels + c) * positions + p0;
@@ -937,7 +938,7 @@ struct Instruction {
     int out = 0;
     Operation *operation = nullptr;  // layer, upsample
     Product *product = nullptr;      // product
-    PyObject *capsule = nullptr;     // layer, product: a reference that keeps `operation` or `product` alive
+    PyObject *capsule = nullptr;     // layer, upsample, product: a reference that keeps `operation` or `product` alive
     lpt_ops::Pool pool{};            // max_pool, average_pool
     bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
     bool count_include_pad = false;  // average_pool

@@ -104,7 +104,8 @@ void average_pool(const float *src, int64_t planes, int64_t h, int64_t w, const 
                   float *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
     const float area = (float)(p.kernel_h * p.kernel_w);
-    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, planes, [=](int64_t plane) {
+    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1,
+                           planes, [=](int64_t plane) {
         const float *in = src + plane * h * w;
         float *o = out + plane * oh * ow;
         for (int64_t y = 0; y < oh; ++y)
@@ -364,7 +365,8 @@ void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {
 
 void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threads) {
     auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
-    lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) { out[r] = sum(x + r * n, n) / (float)n; });
+    lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? threads : 1,
+                           rows, [=](int64_t r) { out[r] = sum(x + r * n, n) / (float)n; });
 }
 
 void square_root(const float *x, int64_t n, float *out, int threads) {

@@ -47,7 +47,8 @@ inline void load_block(const void *q, bool is_signed, int64_t n, float *x) {
 template <typename T>
 void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Pool &p, T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
-    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, planes, [=](int64_t plane) {
+    lpt_parallel::for_each(planes * oh * ow * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1,
+                           planes, [=](int64_t plane) {
         const T *in = src + plane * h * w;
         T *o = out + plane * oh * ow;
         for (int64_t y = 0; y < oh; ++y)
@@ -70,7 +71,8 @@ template <typename T>
 void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels, int64_t h, int64_t w, const Pool &p,
                                   T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
-    lpt_parallel::for_each(images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1, images * oh, [=](int64_t row) {
+    lpt_parallel::for_each(images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1,
+                           images * oh, [=](int64_t row) {
         const int64_t n = row / oh, y = row % oh;
         for (int64_t x = 0; x < ow; ++x) {
             T *o = out + ((n * oh + y) * ow + x) * channels;

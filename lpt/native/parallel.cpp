@@ -113,8 +113,12 @@ void run_erased(int threads, int64_t n, int64_t grain, Task task, void *context)
         p.wake.notify_all();
     }
     auto close = [&p] {  // after the workers inside have left; their writes are then visible here
-        for (int count = 0; !p.inside.compare_exchange_weak(count, -1, std::memory_order_acq_rel); count = 0)
-            _mm_pause();
+        // A worker descheduled inside its chunk holds the loop open: past a few thousand spins, give it
+        // this core.
+        for (int count = 0, spins = 0; !p.inside.compare_exchange_weak(count, -1, std::memory_order_acq_rel);
+             count = 0)
+            if (++spins % 4096 == 0) std::this_thread::yield();
+            else _mm_pause();
         p.claimed.store(false, std::memory_order_release);
     };
     try {

@@ -15,7 +15,7 @@
 // registers; each step broadcasts one int32 (a pair of source values) per position. When the
 // caller gives the output stage (convolve_staged), each tile's accumulators go through it while
 // they are in registers, so no int32 tensor is written. Depthwise convolutions have their own
-// loop (depthwise_block): no reduction over channels to pair, so each product is taken in int16.
+// loop (depthwise_block): no reduction over channels to pair, so it pairs taps instead.
 // 3×3 convolutions of stride 1 may run by integer Winograd (each_winograd_tile, s16.h says why it
 // is exact): the source and the weights transformed, 16 products per 2×2 block by the same tile
 // kernel, the outputs transformed back before the output stage.
@@ -283,19 +283,24 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
 
 namespace {
 
-// One position's window for a block of 16 channels: Σ_taps (q − zp)·w, each product exact in int16.
-__attribute__((target("avx2"))) void depthwise_block(const int16_t *window, const int16_t *weights, const Geometry &g,
-                                                     int64_t row_stride, int64_t tap_stride, int32_t *acc) {
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-    for (int64_t ky = 0; ky < g.kernel_h; ++ky)
-        for (int64_t kx = 0; kx < g.kernel_w; ++kx, weights += LANES) {
-            const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + ky * row_stride + kx * tap_stride));
-            const __m256i p = _mm256_mullo_epi16(s, _mm256_load_si256(reinterpret_cast<const __m256i *>(weights)));
-            low = _mm256_add_epi32(low, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(p)));
-            high = _mm256_add_epi32(high, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(p, 1)));
-        }
-    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), low);
-    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), high);
+// One position's window for a block of 16 channels: Σ_taps (q − zp)·w, two taps at a time. The two
+// taps' sources interleaved per channel (unpacklo: channels 0-3 and 8-11, unpackhi: 4-7 and 12-15)
+// meet the weights packed the same way (pack_depthwise_weights), and vpmaddwd adds each channel's
+// two products in int32: exact, as each is at most 255·128. `offsets` holds each tap's place in the
+// window, the last one repeated for an odd count (its weights are zeros).
+__attribute__((target("avx2"))) void depthwise_block(const int16_t *window, const int16_t *weights,
+                                                     const int64_t *offsets, int64_t pairs, int32_t *acc) {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();  // channels 0-3|8-11, 4-7|12-15
+    for (int64_t q = 0; q < pairs; ++q, weights += 2 * LANES) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + offsets[2 * q]));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + offsets[2 * q + 1]));
+        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b),
+                                                      _mm256_load_si256(reinterpret_cast<const __m256i *>(weights))));
+        high = _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b),
+                                                        _mm256_load_si256(reinterpret_cast<const __m256i *>(weights + LANES))));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), _mm256_permute2x128_si256(low, high, 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), _mm256_permute2x128_si256(low, high, 0x31));
 }
 
 // Every run of RUN_TILES·TILE positions of one block of 16 channels of a depthwise convolution,
@@ -307,8 +312,14 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     constexpr int64_t RUN = RUN_TILES * TILE;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
-    const int64_t block_size = g.kernel_h * g.kernel_w * LANES;
-    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
+    const int64_t taps = g.kernel_h * g.kernel_w, pairs = (taps + 1) / 2, block_size = pairs * 2 * LANES;
+    std::vector<int64_t> offsets(2 * pairs);  // each tap's place in a window, in int16 of the widened source
+    for (int64_t t = 0; t < 2 * pairs; ++t) {
+        const int64_t tap = std::min(t, taps - 1);
+        offsets[t] = tap / g.kernel_w * g.dilation_h * wp * c2 + tap % g.kernel_w * g.dilation_w * c2;
+    }
+    const int64_t *tap_offsets = offsets.data();
+    const int64_t work = images * positions * g.out_channels * taps;
     lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
         const int64_t n = task / (blocks * runs), b = task / runs % blocks, first = task % runs * RUN;
         const int64_t count = std::min(RUN, positions - first);
@@ -316,8 +327,7 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
         int64_t oy = first / out_w, ox = first % out_w;  // of the position j below, kept as j advances
         for (int64_t j = 0; j < count; ++j) {
             const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
-            depthwise_block(window, packed + b * block_size, g, g.dilation_h * wp * c2, g.dilation_w * c2,
-                            acc + j * LANES);
+            depthwise_block(window, packed + b * block_size, tap_offsets, pairs, acc + j * LANES);
             if (++ox == out_w) ox = 0, ++oy;
         }
         sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
@@ -508,11 +518,16 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
 }  // namespace
 
 PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, taps = g.kernel_h * g.kernel_w;
-    PackedWeights packed(blocks * taps * LANES, 0);
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, taps = g.kernel_h * g.kernel_w, pairs = (taps + 1) / 2;
+    PackedWeights packed(blocks * pairs * 2 * LANES, 0);
     for (int64_t c = 0; c < g.out_channels; ++c)
-        for (int64_t tap = 0; tap < taps; ++tap)
-            packed[((c / LANES) * taps + tap) * LANES + c % LANES] = weights[c * taps + tap];
+        for (int64_t tap = 0; tap < taps; ++tap) {
+            // lane c % 16 of its block: 128-bit half lane / 8, word lane % 8 of it, which the unpacklo
+            // (words 0-3) or the unpackhi (4-7) of the pair's two sources holds at 2·(word % 4) + which tap
+            const int64_t lane = c % LANES, half = lane / 8, word = lane % 8;
+            const int64_t slot = half * 8 + (word % 4) * 2 + tap % 2;
+            packed[(((c / LANES) * pairs + tap / 2) * 2 + word / 4) * LANES + slot] = weights[c * taps + tap];
+        }
     return packed;
 }
 

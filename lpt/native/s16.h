@@ -56,9 +56,10 @@ void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int
               int32_t *acc, int threads);
 
 // Depthwise convolutions (one input and one output channel per group): the same widened source,
-// weights [C, 1, KH, KW] packed per block of 16 channels as [block][kh][kw][16]. A product
-// (q − zp)·w is at most 255·128 = 32 640 in magnitude, so vpmullw computes it exactly in int16; the
-// sum over the window is then taken in int32.
+// weights [C, 1, KH, KW] packed per block of 16 channels and pair of taps (kh·kw in order, the last
+// one paired with zeros when odd) as [block][pair][2][16], channels interleaved as two taps' sources
+// are by vpunpcklwd / vpunpckhwd. A product (q − zp)·w is at most 255·128 = 32 640 in magnitude, so
+// vpmaddwd adds a channel's two products exactly in int32; the sum over the window too.
 PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g);
 // What widen() must leave readable past the widened source: a block of 16 channels read whole (here
 // and by winograd()), or the value after a whole run.

@@ -74,6 +74,26 @@ def test_accumulators_equal_the_reference(route, case):
     assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("kernel, dilations, strides", [((3, 3), (1, 1), (1, 1)), ((7, 7), (1, 1), (1, 1)),
+                                                        ((2, 2), (1, 1), (2, 2)), ((3, 3), (2, 2), (2, 1))])
+def test_a_depthwise_convolution_over_several_blocks_of_sixteen_channels(route, kernel, dilations, strides):
+    """Past 16 channels (conv_cases draws at most 6 groups): every lane of a block, a partial last block,
+    odd and even tap counts, and the largest products (255·−128 on every tap) where the first channels
+    are extreme."""
+    rng = np.random.default_rng(11)
+    channels = 40
+    weights = rng.integers(-128, 128, (channels, 1) + kernel).astype(np.int8)
+    weights[:3] = -128
+    src = rng.integers(0, 256, (2, channels, 9, 11)).astype(np.uint8)
+    src[:, :3] = 255
+    window = dict(groups=channels, strides=strides, dilations=dilations, pads=(1, 2, 0, 1))
+    conv = lpt.native.Conv(weights, src_zero_point=0, route=route, threads=2, **window)
+    expected = conv_reference(src, weights, 0, **window)
+    assert np.array_equal(conv.accumulate(src), expected)
+    assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
+
+
 DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
     (None, 0, None, None, None),
     (0.05, 3, np.uint8, None, None),
