@@ -271,6 +271,33 @@ def test_a_layer_norm_written_out_is_lpts():
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
 
 
+@pytest.mark.parametrize("operands", ["as paddle writes them", "swapped"])
+def test_a_gelu_written_out_is_one_step_with_the_bits_of_its_five_ops(operands):
+    """Div(x, √2) → Erf → Add(1) → Mul(x) → Mul(0.5) between two int8 layers (PaddleOCR's exports): one
+    float32 step and one instruction of the layers' native program, with the bits of the five ops one
+    by one (lpt's erf), whichever side of an Add or a Mul the operands take."""
+    swap = operands == "swapped"
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 16), axis=1)])
+    e = g.op("Erf", [g.op("Div", [x, g.const(np.float32(1.4142135))])])
+    one, half = g.const(np.float32(1.0)), g.const(np.float32(0.5))
+    shifted = g.op("Add", [one, e] if swap else [e, one])
+    product = g.op("Mul", [shifted, x] if swap else [x, shifted])
+    y = g.op("Mul", [half, product] if swap else [product, half])
+    g.op("MatMul", [g.fq(y, 0.05, np.uint8(10)), g.weight((16, 4), axis=1)], name="y")
+    _, fq_model = g.build({"x": [3, 8]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    [step] = [s for s in plan.steps if "Erf" in s.op_types]
+    assert step.op_types == ("Div", "Erf", "Add", "Mul", "Mul") and step.native[0] == "gelu"
+    assert len(plan.run_steps) == 1 and plan.run_steps[0].engine == "native program"
+    x_values = RNG.uniform(-3, 3, (3, 8)).astype(np.float32)
+    ours = plan.run({"x": x_values})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x_values})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
+
+
 def test_a_float_op_between_two_parts_of_one_onnxruntime_region_stays_in_it():
     """Sub(x, ReduceMax(x)) → Softplus: the Sub reads an int8 layer's output, but lpt takes neither the
     ReduceMax before it nor the Softplus after it; taken, it would cut their region in two sessions."""

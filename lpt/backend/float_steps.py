@@ -18,6 +18,7 @@ the same bits:
     LeakyRelu, Clip, Max/Min(c)  kernels.slope_and_clip           "clip" (the output stage's post-op)
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
+    Div, Erf, Add, Mul, Mul      kernels.gelu                     "gelu" (x·(erf(x / d) + 1)·0.5 in one pass)
     Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists)
     Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
     Softmax (last axis)          kernels.softmax                  "softmax"
@@ -106,6 +107,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _float_step(lambda a: [erf(a)], [x], node, ("erf", None))
     if node.op_type == "AveragePool":
         return _average_pool(node)
+    if node.op_type == "Div" and own_results and (fused := _gelu(node)) is not None:  # its Erf is lpt's own
+        return fused
     if node.op_type in _BINARY and len(node.inputs) == 2 and _engine_broadcasts(*node.inputs):
         operation, name = _BINARY[node.op_type]
         # asarray: numpy gives a scalar for two 0-d arrays (a dynamic quantization's scales)
@@ -117,6 +120,43 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if node.op_type == "ReduceMean":
         return _reduce_mean(node)
     return None
+
+
+def _gelu(div: ir.Node) -> tuple | None:
+    """Div(x, d) → Erf → Add(1) → Mul(x) → Mul(0.5), as PaddlePaddle's exporter writes GELU: one step and one
+    pass over the tensor instead of five, with the same float32 operations in the same order (an Add's or a
+    Mul's operands in either order: both are commutative, bit for bit). None for any other shape of it."""
+    x, divisor = div.inputs[0], _scalar(div.inputs[1])
+    erf_node = _only_reader(div, "Erf")
+    add = _only_reader(erf_node, "Add")
+    multiply = _only_reader(add, "Mul")
+    halve = _only_reader(multiply, "Mul")
+    if divisor is None or halve is None:
+        return None
+    one = _scalar(add.inputs[1] if add.inputs[0] is erf_node.outputs[0] else add.inputs[0])
+    other = multiply.inputs[1] if multiply.inputs[0] is add.outputs[0] else multiply.inputs[0]
+    half = _scalar(halve.inputs[1] if halve.inputs[0] is multiply.outputs[0] else halve.inputs[0])
+    if one is None or half is None or other is not x or halve.outputs[0].dtype != _FLOAT:
+        return None
+    return _step(lambda a: [kernels.gelu(a, divisor, one, half)], [x], [div, erf_node, add, multiply, halve],
+                 native=("gelu", (divisor, one, half)), backend=BACKEND)
+
+
+def _only_reader(node: ir.Node | None, op_type: str) -> ir.Node | None:
+    """The one node that reads `node`'s only output, where it is an `op_type` (and the output no graph output)."""
+    if node is None or len(node.outputs) != 1 or node.outputs[0].is_graph_output():
+        return None
+    uses = list(node.outputs[0].uses())
+    reader = uses[0][0] if len(uses) == 1 else None
+    return reader if reader is not None and reader.op_type == op_type and reader.domain in ("", "ai.onnx") else None
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    """A constant float32 holding one value, as a float (the float32's value exactly), else None."""
+    array = const_array(value) if value is not None else None
+    if array is None or array.size != 1 or array.dtype != np.float32:
+        return None
+    return float(array.reshape(()))
 
 
 def _concat(node: ir.Node) -> tuple | None:

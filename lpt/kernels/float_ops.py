@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpt.numerics.exp import exp
+from lpt.numerics.exp import erf, exp
 
 HARD_SWISH_ALPHA, HARD_SWISH_BETA = np.float32(1 / 6), np.float32(0.5)
 
@@ -40,6 +40,13 @@ def slope_and_clip(x, slope: float, low: float, high: float) -> np.ndarray:
     low, high = np.float32(low), np.float32(high)
     x = np.where(x < low, low, x)
     return np.where(x > high, high, x)
+
+
+def gelu(x, divisor, one, half) -> np.ndarray:
+    """x·(erf(x / divisor) + one)·half, in that order of float32 operations: GELU as PaddlePaddle's and
+    PyTorch's exporters write it (Div, Erf, Add, Mul, Mul), so the same bits as those five ops."""
+    x = np.asarray(x, dtype=np.float32)
+    return (x * (erf(x / np.float32(divisor)) + np.float32(one))) * np.float32(half)
 
 
 def relu(x) -> np.ndarray:

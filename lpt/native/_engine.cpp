@@ -928,7 +928,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, erf, sqrt, affine, binary,
+    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, erf, gelu, sqrt, affine,
+    binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
 
@@ -944,7 +945,7 @@ struct Instruction {
     bool count_include_pad = false;  // average_pool
     char op = 0;                     // binary: '*', '+', '-' or '/'
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
-    float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0
+    float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0; gelu: divisor, one
     float low = 0, high = 0;              // clip
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
@@ -1311,6 +1312,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::hard_swish:
         case Code::hard_sigmoid:
         case Code::sqrt:
+        case Code::gelu:
         case Code::erf: {  // elementwise: either layout
             if (a.type != 'f') throw Unsupported("a float32 elementwise op of integers");
             out.dims = a.dims;
@@ -1318,6 +1320,7 @@ void step(Program &program, const Instruction &ins) {
             const float *in = static_cast<const float *>(a.data);
             float *o = static_cast<float *>(out.allocate('f', a.count()));
             if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
+            else if (ins.code == Code::gelu) lpt_ops::gelu(in, a.count(), ins.alpha, ins.offset, ins.scale, o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
             else if (ins.code == Code::clip) lpt_ops::slope_and_clip(in, a.count(), ins.alpha, ins.low, ins.high, o, program.threads);
@@ -1645,6 +1648,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             } else if (k == "hard_sigmoid") {  // (alpha, beta)
                 ins.code = Code::hard_sigmoid;
                 parsed = PyArg_ParseTuple(extra, "ff", &ins.alpha, &ins.offset);
+            } else if (k == "gelu") {  // (divisor, one, half)
+                ins.code = Code::gelu;
+                parsed = PyArg_ParseTuple(extra, "fff", &ins.alpha, &ins.offset, &ins.scale);
             } else if (k == "mean_last_axis" || k == "mean_axis_1") {  // keepdims
                 int keepdims;
                 ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;

@@ -305,6 +305,28 @@ void slope_and_clip(const float *x, int64_t n, float slope, float low, float hig
     });
 }
 
+namespace {
+__attribute__((target("avx2"))) void gelu_avx2(const float *x, int64_t n, float divisor, float one, float half,
+                                               float *out) {
+    const __m256 d = _mm256_set1_ps(divisor), o = _mm256_set1_ps(one), h = _mm256_set1_ps(half);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = lpt_exp::erf_lanes(_mm256_div_ps(v, d));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(v, _mm256_add_ps(e, o)), h));
+    }
+    for (; i < n; ++i) out[i] = (x[i] * (lpt_exp::erf(x[i] / divisor) + one)) * half;
+}
+}  // namespace
+
+void gelu(const float *x, int64_t n, float divisor, float one, float half, float *out, int threads) {
+    const bool avx2 = eight_lanes();
+    each_block(n, threads, [=](int64_t start, int64_t count) {
+        if (avx2) gelu_avx2(x + start, count, divisor, one, half, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = (x[i] * (lpt_exp::erf(x[i] / divisor) + one)) * half;
+    });
+}
+
 void erf(const float *x, int64_t n, float *out, int threads) {
     const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import (average_pool, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
+from lpt.kernels import (average_pool, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
                          slope_and_clip, softmax)
 from lpt.native import Unsupported
 from lpt.native.program import Program
@@ -120,6 +120,17 @@ def test_a_concatenation_of_the_channels_is_numpys(layouts):
                       ["y"], threads=1)
     [y] = program(*feeds_a.values(), *feeds_b.values())
     assert same_bits(y, np.concatenate([a, b, a], axis=1))
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_gelu_is_lpts_kernel_and_its_five_ops_one_by_one(layout):
+    """The "gelu" instruction against lpt.kernels.gelu and against Div, Erf, Add, Mul, Mul one at a time
+    (lpt's erf), on every lane and the loop's tail, with NaN, ±inf, ±0 and values past erf's range."""
+    rng = np.random.default_rng(12)
+    y, x = run(rng, (2, 5, 6, 7), layout, ("gelu", ["x"], "y", (1.4142135, 1.0, 0.5)), special=True)
+    one_by_one = (x * (erf(x / np.float32(1.4142135)) + np.float32(1.0))) * np.float32(0.5)
+    assert same_bits(y, gelu(x, 1.4142135, 1.0, 0.5))
+    assert same_bits(y, one_by_one)
 
 
 def test_what_the_float_instructions_do_not_take_gives_way_to_the_steps():
