@@ -7,7 +7,8 @@
 // between runs) or sleep (OMP_WAIT_POLICY=PASSIVE), and then every loop pays a wake-up. Measured on a
 // 2-core cloud VM: plcmos_v2's 57-step program ran in 6.7 ms back to back and 12.9 ms after 0.2 s
 // idle, slower than on one thread (12.5), until ~50 ms of runs had warmed the wake-ups again.
-// Here the workers spin between the loops of a native program run (`Busy`), and sleep otherwise.
+// Here the workers spin between the loops of a native program run (`Busy`, at most 100 µs at a
+// time: parallel.cpp says why), and sleep otherwise.
 //
 // Which thread computes which index never changes a result: every loop writes disjoint outputs.
 #pragma once
