@@ -42,7 +42,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import attribute, read_post_op
+from lpt.backend.chains import attribute, only_consumer, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -127,28 +127,21 @@ def _gelu(div: ir.Node) -> tuple | None:
     pass over the tensor instead of five, with the same float32 operations in the same order (an Add's or a
     Mul's operands in either order: both are commutative, bit for bit). None for any other shape of it."""
     x, divisor = div.inputs[0], _scalar(div.inputs[1])
-    erf_node = _only_reader(div, "Erf")
-    add = _only_reader(erf_node, "Add")
-    multiply = _only_reader(add, "Mul")
-    halve = _only_reader(multiply, "Mul")
-    if divisor is None or halve is None:
+    chain = [div]
+    for op_type in ("Erf", "Add", "Mul", "Mul"):
+        chain.append(only_consumer(chain[-1].outputs[0], (op_type,)))
+        if chain[-1] is None:
+            return None
+    _, erf_node, add, multiply, halve = chain
+    if divisor is None:
         return None
     one = _scalar(add.inputs[1] if add.inputs[0] is erf_node.outputs[0] else add.inputs[0])
     other = multiply.inputs[1] if multiply.inputs[0] is add.outputs[0] else multiply.inputs[0]
     half = _scalar(halve.inputs[1] if halve.inputs[0] is multiply.outputs[0] else halve.inputs[0])
     if one is None or half is None or other is not x or halve.outputs[0].dtype != _FLOAT:
         return None
-    return _step(lambda a: [kernels.gelu(a, divisor, one, half)], [x], [div, erf_node, add, multiply, halve],
-                 native=("gelu", (divisor, one, half)), backend=BACKEND)
-
-
-def _only_reader(node: ir.Node | None, op_type: str) -> ir.Node | None:
-    """The one node that reads `node`'s only output, where it is an `op_type` (and the output no graph output)."""
-    if node is None or len(node.outputs) != 1 or node.outputs[0].is_graph_output():
-        return None
-    uses = list(node.outputs[0].uses())
-    reader = uses[0][0] if len(uses) == 1 else None
-    return reader if reader is not None and reader.op_type == op_type and reader.domain in ("", "ai.onnx") else None
+    return _step(lambda a: [kernels.gelu(a, divisor, one, half)], [x], chain, native=("gelu", (divisor, one, half)),
+                 backend=BACKEND)
 
 
 def _scalar(value: ir.Value | None) -> float | None:

@@ -1130,7 +1130,7 @@ void run_upsampling(Program &program, const Instruction &ins, const Slot &src, S
     out.channels_last = true;
     const unsigned char *columns = program.upsampled.data();
     const int64_t run = c_out * (int64_t)item;
-    lpt_parallel::for_each(rows * op.out_channels >= (1 << 15) ? program.threads : 1, rows, [=](int64_t r) {
+    lpt_parallel::for_each(rows * op.out_channels >= PARALLEL_WORK ? program.threads : 1, rows, [=](int64_t r) {
         const int64_t image = r / (h * w), y = r / w % h, x = r % w;
         for (int64_t i = 0; i < kh; ++i)
             for (int64_t j = 0; j < kw; ++j)
@@ -1405,7 +1405,7 @@ void step(Program &program, const Instruction &ins) {
                         values = reinterpret_cast<const char *>(order.data());
                     }
                     const int64_t row_bytes = channels * item, start = offset * item;
-                    lpt_parallel::for_each(rows * width >= (1 << 16) ? program.threads : 1, rows, [=](int64_t r) {
+                    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? program.threads : 1, rows, [=](int64_t r) {
                         std::memcpy(o + r * row_bytes + start, values + r * width, width);
                     });
                     offset += part.dims[1];

@@ -306,6 +306,10 @@ void slope_and_clip(const float *x, int64_t n, float slope, float low, float hig
 }
 
 namespace {
+inline float gelu_value(float x, float divisor, float one, float half) {
+    return (x * (lpt_exp::erf(x / divisor) + one)) * half;
+}
+
 __attribute__((target("avx2"))) void gelu_avx2(const float *x, int64_t n, float divisor, float one, float half,
                                                float *out) {
     const __m256 d = _mm256_set1_ps(divisor), o = _mm256_set1_ps(one), h = _mm256_set1_ps(half);
@@ -315,7 +319,7 @@ __attribute__((target("avx2"))) void gelu_avx2(const float *x, int64_t n, float 
         const __m256 e = lpt_exp::erf_lanes(_mm256_div_ps(v, d));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(v, _mm256_add_ps(e, o)), h));
     }
-    for (; i < n; ++i) out[i] = (x[i] * (lpt_exp::erf(x[i] / divisor) + one)) * half;
+    for (; i < n; ++i) out[i] = gelu_value(x[i], divisor, one, half);
 }
 }  // namespace
 
@@ -323,7 +327,7 @@ void gelu(const float *x, int64_t n, float divisor, float one, float half, float
     const bool avx2 = eight_lanes();
     each_block(n, threads, [=](int64_t start, int64_t count) {
         if (avx2) gelu_avx2(x + start, count, divisor, one, half, out + start);
-        else for (int64_t i = start; i < start + count; ++i) out[i] = (x[i] * (lpt_exp::erf(x[i] / divisor) + one)) * half;
+        else for (int64_t i = start; i < start + count; ++i) out[i] = gelu_value(x[i], divisor, one, half);
     });
 }
 
