@@ -134,7 +134,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
              on_stage=None, batch_axes: dict[str, int | None] | None = None, max_drop: float | None = None,
              min_sqnr: float | None = None, max_time: float | None = DEFAULT_MAX_TIME, labels: str | None = None,
              eval_data=None, overflow_fix: str | None = None, smooth_quant: float | None = None,
-             dynamic: bool = False, ray: str | None = None, ray_workers: int | None = None) -> QuantizeResult:
+             int8_recurrent: bool = False, dynamic: bool = False, ray: str | None = None,
+             ray_workers: int | None = None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
     `data` (path, arrays, or iterable of dicts) calibrates an fp32 model and is what the int8
@@ -147,6 +148,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     `overflow_fix` (auto, none, first, all; default: calibrate's) says which weights go to 7 bits so
     that AVX2's int16 pair sums cannot saturate (lpt.calibration.overflow_fix). `smooth_quant` (alpha
     in [0, 1], default None: off) runs SmoothQuant before placement (lpt.calibration.smooth_quant).
+    `int8_recurrent` quantizes LSTM/GRU statically, their recurrent MatMuls included, as a projection
+    MatMul and a Scan (lpt.calibration.recurrent); by default they stay f32 ops.
 
     Accuracy control (lpt.calibration.accuracy_control): with `max_drop` (top-1 points; `labels` is
     the key of the labels in the evaluation data) or `min_sqnr` (dB, the worst output against fp32),
@@ -175,7 +178,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
 
     if dynamic:  # before any work
         check_dynamic_options(preset=preset, estimator=estimator, max_drop=max_drop, min_sqnr=min_sqnr,
-                              overflow_fix=overflow_fix, smooth_quant=smooth_quant, recalibrate=recalibrate)
+                              overflow_fix=overflow_fix, smooth_quant=smooth_quant, recalibrate=recalibrate,
+                              int8_recurrent=int8_recurrent)
     if max_drop is not None or min_sqnr is not None:
         check_options(max_drop, min_sqnr, labels, max_time)  # before any work, not after calibrating
     if data is None:
@@ -200,7 +204,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         fq_model, dynamic_report, reference = result.model, result.report, original
     elif not already_quantized or recalibrate:
         options = {k: v for k, v in (("preset", preset), ("estimator", estimator), ("overflow_fix", overflow_fix),
-                                     ("smooth_quant", smooth_quant))
+                                     ("smooth_quant", smooth_quant), ("int8_recurrent", int8_recurrent or None))
                    if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
         result = timed("calibrate", calibrate, fp32, inputs, subset_size=subset_size, ignore=ignore,

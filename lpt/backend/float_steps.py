@@ -12,6 +12,7 @@ the same bits:
       Squeeze, Unsqueeze                                            "unsqueeze" (int8_steps.layout_step)
     BatchNormalization           x·a[c] + b[c]                    "affine"
     Sigmoid                      lpt.numerics.exp.sigmoid         "sigmoid"
+    Tanh                         lpt.numerics.exp.tanh            "tanh"
     GlobalAveragePool            kernels.global_average_pool      "mean"
     AveragePool (2-D, floor)     kernels.average_pool             "average_pool"
     Relu                         kernels.relu                     "relu"
@@ -46,7 +47,7 @@ from lpt.backend.chains import attribute, only_consumer, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
-from lpt.numerics.exp import erf, sigmoid
+from lpt.numerics.exp import erf, sigmoid, tanh
 
 _FLOAT = ir.DataType.FLOAT
 _BINARY = {"Mul": (np.multiply, "mul"), "Add": (np.add, "add"), "Sub": (np.subtract, "sub"), "Div": (np.divide, "div")}
@@ -61,7 +62,7 @@ def _float_step(run, inputs, node, native) -> tuple:
 # float32 steps from onnxruntime's. Where a DynamicQuantizeLinear computes a scale from a tensor's range at
 # run time, one such step at the range's end moves every value's level: measured on ddddocr_common_old_dynq
 # (already quantized that way), lpt's Sigmoid took its output from onnxruntime's bits to 39.5 dB of them.
-OWN_FLOAT_RESULTS = ("GlobalAveragePool", "AveragePool", "ReduceMean", "Sigmoid", "Erf", "Softmax",
+OWN_FLOAT_RESULTS = ("GlobalAveragePool", "AveragePool", "ReduceMean", "Sigmoid", "Tanh", "Erf", "Softmax",
                      "LayerNormalization", "BatchNormalization")
 
 
@@ -92,6 +93,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _float_step(lambda a: [kernels.hard_sigmoid(a, alpha, beta)], [x], node, ("hard_sigmoid", (alpha, beta)))
     if node.op_type == "Sigmoid":
         return _float_step(lambda a: [sigmoid(a)], [x], node, ("sigmoid", None))
+    if node.op_type == "Tanh":
+        return _float_step(lambda a: [tanh(a)], [x], node, ("tanh", None))
     if node.op_type == "BatchNormalization":
         return _batch_norm(node)
     if node.op_type in ("LeakyRelu", "Clip", "Max", "Min"):

@@ -22,6 +22,7 @@ from lpt.backend import native_program
 from lpt.backend.float_steps import reads_model_input_from_a_table, try_float_step
 from lpt.backend.int8_steps import try_int8_step, try_join_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
+from lpt.backend.scan_steps import try_scan_step
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
 from lpt.errors import DataError, LptError, ModelError
@@ -145,7 +146,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
+        fused = (try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
+                 or try_scan_step(node, opsets, threads, native, emulate))
         if fused is None and (_between_int8_steps(node, claimed, constants, own_results)
                               or reads_model_input_from_a_table(node, constants)):
             fused = try_float_step(node, own_results)

@@ -11,6 +11,9 @@ runs the steps in order, each usable on its own:
     collect_statistics  steps: one pass over the data into fixed-size collectors (Statistics)
     estimate_ranges     steps: the estimator's [low, high] per tensor, or search_ranges
                         (range_search, --estimator auto): a second pass scoring candidates
+    to_scans            recurrent (--int8-recurrent, before placement): each LSTM/GRU as a
+                        projection MatMul and a Scan whose MatMul(h, Rᵀ) quantize_scans
+                        gives FQs after the data pass (h's range: the states it took)
     smoothing_plan      smooth_quant (--smooth-quant ALPHA, before placement): per-channel
                         max|X| of MatMul/Gemm inputs, one pass; apply_smoothing moves
                         the outliers into the weights (the fp32 function unchanged)
@@ -50,8 +53,9 @@ from lpt.calibration.data import CalibrationData, InputSpec, input_specs
 from lpt.calibration.insertion import fake_quantizes, insert
 from lpt.calibration.overflow_fix import (MAX_ROUNDS, NarrowedLayer, channel_masks, describe, merge, narrow,
                                           saturating_channels)
-from lpt.calibration.placement import ACTIVATION, Placement, QuantizationPoint, Skipped, place
+from lpt.calibration.placement import ACTIVATION, IgnoreRules, Placement, QuantizationPoint, Skipped, place
 from lpt.calibration.range_search import search_ranges
+from lpt.calibration.recurrent import QuantizedRecurrence, hidden_state_names, quantize_scans, to_scans
 from lpt.calibration.smooth_quant import Smoothing, apply_smoothing, smoothing_plan
 from lpt.calibration.steps import Statistics, collect_statistics, estimate_ranges
 from lpt.data.sources import open_data, record_preprocess
@@ -86,6 +90,7 @@ class CalibrationReport:
     narrowed: tuple[NarrowedLayer, ...] = ()  # weights whose channels the overflow fix narrowed, and the cost
     smooth_quant: float | None = None  # SmoothQuant's alpha, None: off
     smoothed: tuple[dict, ...] = ()  # SmoothedTensor.describe() of each activation smoothed
+    recurrent: tuple[QuantizedRecurrence, ...] = ()  # LSTM/GRU directions whose gate MatMuls are int8
 
     @property
     def fake_quantizes(self) -> dict[str, int]:
@@ -116,7 +121,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
               bias_correction: bool = True, skip_nonfinite: bool = False, quiet: bool = False,
               config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None,
               overflow_fix: OverflowFix | str = DEFAULT_OVERFLOW_FIX,
-              smooth_quant: float | None = None, ray: str | None = None,
+              smooth_quant: float | None = None, int8_recurrent: bool = False, ray: str | None = None,
               ray_workers: int | None = None) -> CalibrationResult:
     """Fake-quantize an fp32 `model` with ranges calibrated on `data`; the model given is not modified.
 
@@ -130,7 +135,9 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     not saturate (lpt.calibration.overflow_fix; auto runs the int8 graph on the data as such a CPU
     does, one to three more passes); `smooth_quant`: SmoothQuant's alpha in [0, 1] (None: off), which
     moves activation outliers into the weights of the MatMul/Gemm reading them before the FQs are
-    placed (lpt.calibration.smooth_quant; one more pass). `config` (a
+    placed (lpt.calibration.smooth_quant; one more pass); `int8_recurrent`: LSTM/GRU become a
+    projection MatMul and a Scan whose recurrent MatMul reads an int8 h, its range calibrated on the
+    states h took (lpt.calibration.recurrent; without it they stay f32 ops). `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
     input shapes (state [2, N, 128] → 1, a scalar → None). `ray` ("local" or a Ray address): the
@@ -143,19 +150,22 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         config = CalibrationConfig(preset=preset, estimator=estimator, subset_size=subset_size,
                                    ignore=tuple([ignore] if isinstance(ignore, str) else ignore),
                                    bias_correction=bias_correction, skip_nonfinite=skip_nonfinite,
-                                   overflow_fix=overflow_fix, smooth_quant=smooth_quant)
+                                   overflow_fix=overflow_fix, smooth_quant=smooth_quant,
+                                   int8_recurrent=int8_recurrent)
     working = _working_copy(model)
     data = open_data(data, working, batch_axes=batch_axes)  # a folder of images or audio: see lpt.data
     dataset = CalibrationData(data, input_specs(working), subset_size=config.subset_size,
                               batch_size=config.batch_size, skip_nonfinite=config.skip_nonfinite,
                               batch_axes=batch_axes)
+    scans, recurrent_left = _scans(working, config)  # before placement: the projections are MatMuls to place
     smoothing = None
     if config.smooth_quant is not None:  # before placement: an inserted Mul moves where the FQ goes
         smoothing = smoothing_plan(working, dataset, config.smooth_quant, config.ignore, quiet=quiet)
         apply_smoothing(working, smoothing)
     placement = place(working, config.ignore)  # which tensors get an FQ
     collect = {} if ray is None else {"collect": _on_ray(ray, ray_workers)}  # the pass shared among Ray workers
-    statistics = collect_statistics(working, placement, dataset, config, quiet=quiet, **collect)  # one pass over the data
+    statistics = collect_statistics(working, placement, dataset, config, quiet=quiet,
+                                    hidden_states=hidden_state_names(scans), **collect)  # one pass over the data
     if config.estimator == Estimator.AUTO:  # a second pass: each candidate's error at the layers' outputs
         ranges = search_ranges(working, placement, statistics, dataset, config, quiet=quiet)
     else:
@@ -163,18 +173,21 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
     masks = channel_masks(config.overflow_fix, placement)  # 7-bit weight channels; auto: from the data, below
     fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
+    recurrent = quantize_scans(scans, statistics, config.activations, config.weights)
     for _ in range(MAX_ROUNDS if config.overflow_fix == OverflowFix.AUTO else 0):
         masks, grew = merge(masks, saturating_channels(working, placement, dataset, masks, fqs, quiet=quiet))
         if not grew:
             break
         working = _working_copy(model)  # narrowed from a fresh copy: the steps after the data pass again
+        scans, _ = _scans(working, config)
         if smoothing is not None:
             apply_smoothing(working, smoothing)
         placement = place(working, config.ignore)
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
+        recurrent = quantize_scans(scans, statistics, config.activations, config.weights)
     record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
-    left_f32 = list(placement.skipped)
+    left_f32 = list(placement.skipped) + recurrent_left
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]
 
     report = CalibrationReport(
@@ -185,6 +198,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         overflow_fix=config.overflow_fix.value, narrowed=describe(calibrated, fqs, masks),
         smooth_quant=config.smooth_quant,
         smoothed=() if smoothing is None else tuple(t.describe() for t in smoothing.tensors),
+        recurrent=tuple(recurrent),
     )
     logger.info("calibrated on %d samples: %s in %.2f s", dataset.count, report.fake_quantizes, report.seconds)
     return CalibrationResult(working, report, placement, statistics, ranges, config, masks, smoothing)
@@ -196,6 +210,14 @@ def _apply(working: ir.Model, placement: Placement, fqs: dict, statistics: Stati
     shifts = bias_shifts(targets, statistics.input_means, fqs, statistics.activations)  # before insert rewires inputs
     insert(working, fqs)
     return fqs, apply_shifts(working, targets, shifts)
+
+
+def _scans(working: ir.Model, config: CalibrationConfig):
+    """With config.int8_recurrent, the LSTM/GRU of `working` rewritten into their Scan form, in place.
+    (scans, ops left as they are with the reason)"""
+    if not config.int8_recurrent:
+        return [], []
+    return to_scans(working, IgnoreRules(config.ignore))
 
 
 def _on_ray(address: str, workers: int | None):

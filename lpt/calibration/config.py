@@ -83,6 +83,7 @@ class CalibrationConfig:
     weights: WeightScheme = field(default_factory=WeightScheme)
     overflow_fix: OverflowFix = DEFAULT_OVERFLOW_FIX
     smooth_quant: float | None = None  # SmoothQuant's alpha in [0, 1] (lpt.calibration.smooth_quant); None: off
+    int8_recurrent: bool = False  # LSTM/GRU as a projection MatMul and a Scan with int8 gate MatMuls (lpt.calibration.recurrent)
 
     def __post_init__(self):
         object.__setattr__(self, "preset", _member(Preset, self.preset, "preset"))

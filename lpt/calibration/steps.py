@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
 from lpt.calibration.bias_correction import InputMean, bias_targets
 from lpt.calibration.config import CalibrationConfig
 from lpt.calibration.data import CalibrationData
-from lpt.calibration.estimators import collector, estimate
+from lpt.calibration.estimators import MinMaxCollector, collector, estimate
 from lpt.calibration.placement import Placement
 from lpt.calibration.statistics import collect
 
@@ -34,11 +34,13 @@ class Statistics:
     activations: dict[str, object]  # tensor name → its range collector (estimators.collector)
     input_means: dict[str, InputMean]  # layer name → running mean of its input, for bias correction
     bytes_per_sample: int  # of the tensors fetched: a later pass runs in the same parts
+    hidden_states: dict[str, object] = field(default_factory=dict)  # recurrent states' min/max collectors, by tensor
 
 
 def collect_statistics(model: ir.Model, placement: Placement, data: CalibrationData, config: CalibrationConfig,
-                       *, quiet: bool = False, collect=collect) -> Statistics:
-    """One range collector per activation FQ of `placement`, one input mean per layer whose bias is corrected.
+                       *, quiet: bool = False, collect=collect, hidden_states=()) -> Statistics:
+    """One range collector per activation FQ of `placement`, one input mean per layer whose bias is corrected,
+    a min/max per tensor of `hidden_states` (names: the states a recurrence emits, lpt.calibration.recurrent).
     `collect` fills them (statistics.collect; lpt.distributed.collect shares the batches among Ray workers)."""
     collectors: dict[str, list] = defaultdict(list)
     activations = {}
@@ -49,8 +51,12 @@ def collect_statistics(model: ir.Model, placement: Placement, data: CalibrationD
     for t in bias_targets(placement.layers) if config.bias_correction else ():
         means[t.layer.name] = InputMean(t.per_element)
         collectors[t.input.name].append(means[t.layer.name])
+    states = {}
+    for name in hidden_states:  # min/max: a clipped state would feed every later step
+        states[name] = MinMaxCollector()
+        collectors[name].append(states[name])
     per_sample = collect(model, collectors, data, quiet=quiet)
-    return Statistics(activations, means, per_sample)
+    return Statistics(activations, means, per_sample, states)
 
 
 def estimate_ranges(statistics: Statistics, config: CalibrationConfig) -> dict[str, tuple[float, float]]:

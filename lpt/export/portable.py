@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
+from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
 
 from lpt.graph.constants import add_constant, const_array
 from lpt.graph.fake_quantize_op import OPENVINO_DOMAIN, is_fake_quantize, read_fake_quantize
@@ -31,8 +31,22 @@ def to_portable(model: ir.Model) -> ir.Model:
         if is_fake_quantize(node) and node.domain != OPENVINO_DOMAIN:
             _rewrite(node, model)
     RemoveUnusedNodesPass()(model)
+    _remove_unused_subgraph_initializers(model)
+    NameFixPass()(model)  # the Q/DQ nodes' new values: a subgraph's default names repeat the main graph's
     RemoveUnusedOpsetsPass()(model)
     return model
+
+
+def _remove_unused_subgraph_initializers(model: ir.Model) -> None:
+    """The FQ parameters a subgraph (a Scan body, say) no longer reads: RemoveUnusedNodesPass keeps
+    the initializers of subgraphs."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                graph = attribute.value
+                for value in list(graph.initializers.values()):
+                    if not (value.uses() or value.is_graph_input() or value.is_graph_output()):
+                        graph.initializers.pop(value.name)
 
 
 def _rewrite(node: ir.Node, model: ir.Model) -> None:

@@ -928,7 +928,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
-    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, erf, gelu, sqrt, affine,
+    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
 };
@@ -1309,6 +1309,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::relu:
         case Code::clip:
         case Code::sigmoid:
+        case Code::tanh:
         case Code::hard_swish:
         case Code::hard_sigmoid:
         case Code::sqrt:
@@ -1325,6 +1326,7 @@ void step(Program &program, const Instruction &ins) {
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
             else if (ins.code == Code::clip) lpt_ops::slope_and_clip(in, a.count(), ins.alpha, ins.low, ins.high, o, program.threads);
             else if (ins.code == Code::sigmoid) lpt_ops::sigmoid(in, a.count(), o, program.threads);
+            else if (ins.code == Code::tanh) lpt_ops::tanh(in, a.count(), o, program.threads);
             else if (ins.code == Code::hard_sigmoid) lpt_ops::hard_sigmoid(in, a.count(), ins.alpha, ins.offset, o, program.threads);
             else lpt_ops::hard_swish(in, a.count(), o, program.threads);
             break;
@@ -1548,7 +1550,7 @@ void plan_memory(Program &program) {
 // The instructions that take no parameters (their extra is None)
 const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
-    {"sigmoid", Code::sigmoid}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"concat", Code::concat},
+    {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"concat", Code::concat},
     {"softmax", Code::softmax}};
 
 PyObject *py_program(PyObject *, PyObject *args) {

@@ -1,4 +1,4 @@
-// lpt's float32 exp, Sigmoid and erf, the sequences of float32 operations lpt/numerics/exp.py spells out and
+// lpt's float32 exp, Sigmoid, tanh and erf, the sequences of float32 operations lpt/numerics/exp.py spells out and
 // explains (they are lpt's NumPy kernels'). Built with -ffp-contract=off, each line below is the same
 // rounded operation as there; s16.cpp has the eight-lane forms, built from these constants.
 #pragma once
@@ -15,6 +15,10 @@ constexpr float ROUND = 12582912.0f;  // 1.5·2^23
 constexpr float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
 constexpr float P0 = 1.9875691500e-4f, P1 = 1.3981999507e-3f, P2 = 8.3334519073e-3f, P3 = 4.1665795894e-2f,
                 P4 = 1.6666665459e-1f, P5 = 5.0000001201e-1f;
+
+constexpr float TANH_NEAR[] = {-5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f,
+                                -3.33332819422e-1f};
+constexpr float TANH_SPLIT = 0.625f;
 
 constexpr float ERF_NEAR[] = {-5.654105917e-04f, 4.923277535e-03f, -2.671638504e-02f, 1.128036454e-01f,
                                -3.761234879e-01f, 1.128379107e+00f};
@@ -43,6 +47,18 @@ inline float exp(float t) {
 inline float sigmoid(float x) {
     if (x != x) return x;
     return 1.0f / (1.0f + exp(-x));
+}
+
+inline float tanh(float x) {
+    if (x != x) return x;
+    const float a = x < 0.0f ? -x : x;
+    if (a < TANH_SPLIT) {
+        const float z = x * x;
+        float p = TANH_NEAR[0];
+        for (int i = 1; i < 5; ++i) p = p * z + TANH_NEAR[i];
+        return __builtin_copysignf(p * z * x + x, x);
+    }
+    return __builtin_copysignf(1.0f - 2.0f / (exp(a + a) + 1.0f), x);
 }
 
 inline float erf(float x) {
@@ -84,6 +100,20 @@ __attribute__((target("avx2"))) inline __m256 sigmoid_lanes(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256 e = exp_lanes(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
     return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// tanh on eight lanes: both ranges computed, each lane taking its own.
+__attribute__((target("avx2"))) inline __m256 tanh_lanes(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(TANH_NEAR[0]);
+    for (int i = 1; i < 5; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(TANH_NEAR[i]));
+    const __m256 near = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z), x), x);
+    const __m256 far = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f),
+                                                        _mm256_add_ps(exp_lanes(_mm256_add_ps(a, a)), one)));
+    __m256 y = _mm256_blendv_ps(far, near, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SPLIT), _CMP_LT_OQ));
+    y = _mm256_or_ps(_mm256_andnot_ps(sign, y), _mm256_and_ps(x, sign));  // x's sign (copysign)
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 // erf on eight lanes: both ranges computed, each lane taking its own, as numpy's where does.

@@ -245,6 +245,12 @@ __attribute__((target("avx2"))) void slope_and_clip_avx2(const float *x, int64_t
     for (; i < n; ++i) out[i] = slope_and_clip_value(x[i], slope, low, high);
 }
 
+__attribute__((target("avx2"))) void tanh_avx2(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::tanh_lanes(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) out[i] = lpt_exp::tanh(x[i]);
+}
+
 __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
@@ -328,6 +334,14 @@ void gelu(const float *x, int64_t n, float divisor, float one, float half, float
     each_block(n, threads, [=](int64_t start, int64_t count) {
         if (avx2) gelu_avx2(x + start, count, divisor, one, half, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = gelu_value(x[i], divisor, one, half);
+    });
+}
+
+void tanh(const float *x, int64_t n, float *out, int threads) {
+    const bool avx2 = eight_lanes();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) tanh_avx2(x + start, count, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::tanh(x[i]);
     });
 }
 

@@ -44,6 +44,8 @@ void affine(const float *x, const float *a, const float *b, int64_t images, int6
 void slope_and_clip(const float *x, int64_t n, float slope, float low, float high, float *out, int threads);
 // lpt's erf (exp.h) of each value.
 void erf(const float *x, int64_t n, float *out, int threads);
+// lpt's tanh (exp.h) of each value.
+void tanh(const float *x, int64_t n, float *out, int threads);
 // x·(erf(x / divisor) + one)·half of each value, in that order (lpt.kernels.gelu): GELU's five ops in one pass.
 void gelu(const float *x, int64_t n, float divisor, float one, float half, float *out, int threads);
 // ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)

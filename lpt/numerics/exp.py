@@ -1,4 +1,4 @@
-"""lpt's float32 exp, Sigmoid and erf: fixed sequences of float32 operations, so that NumPy and the native
+"""lpt's float32 exp, Sigmoid, tanh and erf: fixed sequences of float32 operations, so that NumPy and the native
 engine (lpt/native/exp.h) compute them to the same bit on every CPU.
 
 numpy's exp is not such a sequence: it dispatches to SIMD code chosen by the CPU, and the C library's
@@ -12,6 +12,10 @@ it is spelled out here:
     p = P0; p = p·r + P1; ... p = p·r + P5        (Cephes' expf polynomial on |r| ≤ ln 2 / 2)
     exp(t) = ((p·(r·r) + r) + 1)·2^n    (2^n from its exponent bits: n is within [−124, 126]; t where t is NaN)
     sigmoid(x) = 1 / (1 + exp(−x))      (x where x is NaN)
+
+    tanh(x), a = |x|:  a < 0.625:  T(z)·z·x + x, z = x·x     (T: Cephes' tanhf polynomial, degree 4, Horner)
+                       else:       1 − 2 / (exp(a + a) + 1)
+                       then x's sign (copysign: −0 stays −0), and x where x is NaN
 
     erf(x), a = |x|:  a < 1:  a·P(a·a)                       (P: degree 5, Horner)
                       a < 4:  1 − exp(−(a·a))·Q(1 / (1 + a/2))   (Q: degree 8; erfc·e^(x²) is smooth there)
@@ -44,6 +48,9 @@ ERF_NEAR = tuple(np.float32(c) for c in (-5.654105917e-04, 4.923277535e-03, -2.6
 ERF_FAR = tuple(np.float32(c) for c in (1.415300276e-02, 6.365009397e-02, -3.761732578e-01, 4.714790881e-01,
                                         -4.870868102e-02, 3.269782662e-01, 2.645796835e-01, 2.842616439e-01,
                                         -1.166237707e-04))
+TANH_NEAR = tuple(np.float32(c) for c in (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+                                          -3.33332819422e-1))
+TANH_SPLIT, TWO = np.float32(0.625), np.float32(2.0)
 ERF_SPLIT, ERF_ONE = np.float32(1.0), np.float32(4.0)
 HALF = np.float32(0.5)
 
@@ -66,6 +73,17 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(−x)) of a float32 array, as the sequence above (a new array)."""
     x = np.asarray(x, dtype=np.float32)
     return np.where(np.isnan(x), x, ONE / (ONE + exp(np.negative(x))))
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """The hyperbolic tangent of a float32 array, as the sequence above (a new array)."""
+    x = np.asarray(x, dtype=np.float32)
+    a = np.abs(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # the range a value does not take may overflow
+        z = x * x
+        near = (_horner(TANH_NEAR, z) * z) * x + x
+        far = ONE - TWO / (exp(a + a) + ONE)
+    return np.where(np.isnan(x), x, np.copysign(np.where(a < TANH_SPLIT, near, far), x))
 
 
 def erf(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from lpt.kernels import (average_pool, gelu, hard_sigmoid, hard_swish, layer_nor
                          slope_and_clip, softmax)
 from lpt.native import Unsupported
 from lpt.native.program import Program
-from lpt.numerics.exp import erf, sigmoid
+from lpt.numerics.exp import erf, sigmoid, tanh
 
 @pytest.fixture(autouse=True, scope="module", params=["eight lanes", "one lane"])
 def lanes(request):
@@ -166,6 +166,17 @@ def test_softmax_layer_norm_and_erf_are_lpts(seed, width, layout, scale):
     assert same_bits(n, layer_norm(x, gamma, beta, 1e-5))
     assert same_bits(m, layer_norm(x, gamma, None, np.float32(1e-3)))
     assert same_bits(e, erf(x))
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_tanh_is_lpts_on_every_lane_and_the_tail(layout):
+    """Both sides of tanh's split (0.625), NaN, ±inf, ±0, past exp's clamp, in the eight lanes and one by one."""
+    rng = np.random.default_rng(13)
+    y, x = run(rng, (2, 5, 6, 7), layout, ("tanh", ["x"], "y", None), special=True)
+    assert same_bits(y, tanh(x))
+    near_split = np.float32([0.6249999, 0.625, -0.625, 0.6250001, 1e-30, -1e-30, 44.0, -90.0, 0.1]).reshape(1, 1, 9)
+    [t] = Program([("tanh", ["x"], "t", None)], ["x"], ["t"], threads=1)(near_split)
+    assert same_bits(t, tanh(near_split))
 
 
 def test_erf_at_its_ends_the_means_and_sqrt():

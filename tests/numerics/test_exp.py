@@ -1,4 +1,4 @@
-"""lpt's float32 Sigmoid (lpt.numerics.exp): accurate, and defined where numpy's exp is not the same everywhere."""
+"""lpt's float32 Sigmoid and tanh (lpt.numerics.exp): accurate, and defined where numpy's exp is not the same everywhere."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from lpt.numerics.exp import sigmoid
+from lpt.numerics.exp import sigmoid, tanh
 
 
 def test_within_three_ulp_of_the_exact_sigmoid():
@@ -37,3 +37,25 @@ def test_close_to_onnxruntimes_sigmoid():
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     [theirs] = session.run(None, {"x": x})
     assert np.abs(theirs - sigmoid(x)).max() <= 2e-7
+
+
+def test_tanh_within_two_ulp_of_the_exact_one_on_both_sides_of_its_split():
+    x = np.concatenate([np.linspace(-50, 50, 2_000_001, dtype=np.float32),
+                        np.float32([0.625, -0.625, np.nextafter(np.float32(0.625), np.float32(0)), 1e-30, -1e-30])])
+    exact = np.tanh(x.astype(np.float64))
+    ours = tanh(x)
+    ulp = np.abs(ours - exact) / np.spacing(np.abs(exact).astype(np.float32))
+    assert ulp.max() <= 2
+    assert np.array_equal(np.signbit(ours), np.signbit(x))  # odd, −0 included
+
+
+def test_tanh_at_its_ends_and_close_to_onnxruntimes():
+    got = tanh(np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e4, -1e4]))
+    assert np.isnan(got[0]) and got[1] == got[5] == 1 and got[2] == got[6] == -1
+    assert got[3] == 0 and not np.signbit(got[3]) and got[4] == 0 and np.signbit(got[4])
+    x = np.linspace(-20, 20, 400_001, dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "tanh",
+                              [helper.make_tensor_value_info("x", 1, [None])], [helper.make_tensor_value_info("y", 1, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    [theirs] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(theirs - tanh(x)).max() <= 3e-7

@@ -1,0 +1,89 @@
+"""A Scan whose body holds integer ops runs on lpt's backend: its body compiled once as a plan,
+called once per step.
+
+onnxruntime would run such a body with its own integer kernels, which on CPUs without VNNI add
+pairs of u8·s8 products in a saturating int16 (lpt.backend.emulation); lpt's quantized LSTM/GRU
+(lpt.calibration.recurrent) are Scans of this kind. The body's plan puts its int8 chains on lpt's
+exact kernels and its f32 ops (the gates) in onnxruntime regions, as any plan does.
+
+Taken: Scan (opset 9+: no batch axis) whose body reads no value of the outer graph, with scan
+axes 0. Others run whole in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from lpt.backend.fallback import region_inputs
+from lpt.backend.step import Step
+from lpt.errors import DataError
+from lpt.graph.ops import QUANTIZED_OPS
+
+
+def try_scan_step(node: ir.Node, opsets: dict[str, int], threads: int, native: bool, emulate=None):
+    """(Step, [node]) for a Scan whose body computes on integers, else None."""
+    if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opsets.get("", 1) < 9:
+        return None
+    body = node.attributes["body"].value
+    if not any(n.op_type in QUANTIZED_OPS for n in body):
+        return None
+    if set(region_inputs([node])) != {v for v in node.inputs if v is not None}:
+        return None  # the body reads outer-scope values
+    scan_inputs = node.attributes["num_scan_inputs"].as_int()
+    states = len(node.inputs) - scan_inputs
+    attribute = {name: list(node.attributes[name].as_ints()) if name in node.attributes else []
+                 for name in ("scan_input_directions", "scan_output_directions", "scan_input_axes", "scan_output_axes")}
+    if any(attribute["scan_input_axes"]) or any(attribute["scan_output_axes"]):
+        return None
+    from lpt.backend.plan import compile_model
+
+    plan = compile_model(_standalone(body, opsets), threads=threads, native=native, emulate=emulate)
+    backwards_in = [bool(d) for d in attribute["scan_input_directions"]] or [False] * scan_inputs
+    backwards_out = [bool(d) for d in attribute["scan_output_directions"]] or [False] * (len(body.outputs) - states)
+    call = _one_call(plan, [v.name for v in body.inputs])
+
+    def run(*inputs):
+        state, sequences = list(inputs[:states]), inputs[states:]
+        length = sequences[0].shape[0]
+        if length == 0:
+            raise DataError(f"{node.name}: Scan over a sequence of length 0")
+        emitted = [[None] * length for _ in backwards_out]
+        for t in range(length):
+            steps_in = [sequence[length - 1 - t if backwards else t] for sequence, backwards in zip(sequences, backwards_in)]
+            outputs = call(state + steps_in)
+            state = outputs[:states]
+            for k, (value, backwards) in enumerate(zip(outputs[states:], backwards_out)):
+                emitted[k][length - 1 - t if backwards else t] = value
+        return [*state, *(np.stack(values) for values in emitted)]
+
+    step = Step(run, tuple(v.name for v in node.inputs), tuple(v.name for v in node.outputs), (node.name,),
+                (node.op_type,), "int8 kernel")
+    return step, [node]
+
+
+def _one_call(plan, names: list[str]):
+    """body inputs (in the body's order) → body outputs: the plan's one step called directly where the
+    body compiled to one (a native program), which spares each time step the plan's bookkeeping."""
+    [only] = plan.run_steps if len(plan.run_steps) == 1 else [None]
+    if (only is not None and set(only.inputs) <= set(names) | set(plan.constants)
+            and list(only.outputs) == plan.outputs):
+        fixed = [plan.constants.get(name) for name in only.inputs]
+        order = [names.index(name) if name in names else None for name in only.inputs]
+
+        def directly(values):
+            return list(only.run(*[fixed[k] if i is None else values[i] for k, i in enumerate(order)]))
+        return directly
+
+    def through_the_plan(values):
+        results = plan.run(dict(zip(names, values)))
+        return [results[name] for name in plan.outputs]
+    return through_the_plan
+
+
+def _standalone(body: ir.Graph, opsets: dict[str, int]) -> ir.Model:
+    """A model of its own holding a copy of `body` (which reads no outer value)."""
+    graph = ir.serde.serialize_graph(body)
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    return ir.serde.deserialize_model(proto)
