@@ -13,8 +13,11 @@ feed lpt's report, and 16 evaluation samples from bench/corpus_inputs.py):
 - LSB: lpt's backend vs onnxruntime on lpt's dynamic model, over every integer tensor
   (DynamicQuantizeLinear outputs, MatMulInteger/ConvInteger accumulators) of the first samples, end
   to end and with each quantized op fed onnxruntime's inputs (what the op itself adds);
-- latency: median of `--repeats` runs on one evaluation sample, `--threads` threads: onnxruntime fp32,
-  lpt's plan of lpt's model, onnxruntime on lpt's model, onnxruntime on quantize_dynamic's model.
+- static int8 beside it: `lpt quantize` (calibrated on the 32 samples) with the LSTM/GRU left f32 ops
+  (the default) and with `--int8-recurrent` (their recurrent MatMuls on int8 too), SQNR and latency;
+- latency: median of `--repeats` runs on one evaluation sample, in turns, `--threads` threads: onnxruntime fp32,
+  lpt's plan of lpt's model (dynamic, then both static forms), onnxruntime on lpt's model, onnxruntime on
+  quantize_dynamic's model.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from real_models import (
     CALIBRATION,
     EVALUATION,
     fetch,
-    median_ms,
     ort_outputs,
     ort_session,
     read_corpus,
@@ -53,6 +55,7 @@ def measure(name: str, corpus, args, work: Path) -> dict:
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
     import lpt
+    from lpt.benchmark import median_ms_in_turns
     from lpt.calibration.dynamic import quantize_dynamic
 
     by_name = {e.name: e for e in corpus}
@@ -90,6 +93,15 @@ def measure(name: str, corpus, args, work: Path) -> dict:
     plan_with_conv = lpt.compile_model(with_conv, threads=args.threads)
     row["sqnr lpt, Conv too"] = worst(reference, [plan_with_conv.run(f) for f in evaluation])
 
+    static = {}  # lpt's static int8, the recurrences left f32 (the default) and on int8 (--int8-recurrent)
+    for label, int8_recurrent in (("static", False), ("static, int8 recurrent", True)):
+        quantized = lpt.quantize(model, here / "calibration.npz", int8_recurrent=int8_recurrent,
+                                 subset_size=len(CALIBRATION))
+        static[label] = lpt.compile_model(lpt.clone(quantized.int8_model), threads=args.threads)
+        row[f"sqnr lpt {label}"] = worst(reference, [static[label].run(f) for f in evaluation])
+        if int8_recurrent:
+            row["int8 recurrences"] = len(quantized.report.calibration.recurrent)
+
     ort_path = here / f"{name}.ort_dynamic.onnx"
     ort_quantize_dynamic(model, ort_path)
     ort_dynamic = ort_session(ort_path, args.threads)
@@ -104,10 +116,12 @@ def measure(name: str, corpus, args, work: Path) -> dict:
 
     lpt_in_ort = ort_session(lpt_path, args.threads)
     feed = evaluation[0]
-    latency = {"onnxruntime fp32": median_ms(lambda: fp32.run(None, feed), args.repeats),
-               "lpt backend, lpt model": median_ms(lambda: plan.run(feed), args.repeats),
-               "onnxruntime, lpt model": median_ms(lambda: lpt_in_ort.run(None, feed), args.repeats),
-               "onnxruntime, quantize_dynamic model": median_ms(lambda: ort_dynamic.run(None, feed), args.repeats)}
+    engines = {"onnxruntime fp32": lambda: fp32.run(None, feed),
+               "lpt backend, lpt model": lambda: plan.run(feed),
+               **{f"lpt backend, lpt {label}": (lambda p=p: p.run(feed)) for label, p in static.items()},
+               "onnxruntime, lpt model": lambda: lpt_in_ort.run(None, feed),
+               "onnxruntime, quantize_dynamic model": lambda: ort_dynamic.run(None, feed)}
+    latency = median_ms_in_turns(engines, args.repeats)
     base = latency["onnxruntime fp32"]
     row["latency ms"] = latency
     row["latency vs onnxruntime fp32"] = {k: round(v / base, 2) for k, v in latency.items()}

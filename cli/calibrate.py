@@ -70,6 +70,22 @@ def smooth_quant_option(command):
              "weights. One more pass over the data. Default: off. E.g. --smooth-quant 0.5")(command)
 
 
+def int8_recurrent_option(command):
+    """--int8-recurrent (calibrate, quantize): lpt.calibration.recurrent."""
+    return click.option(
+        "--int8-recurrent", is_flag=True,
+        help="Quantize LSTM/GRU statically, their recurrent MatMuls included: each becomes per-gate input "
+             "projections (int8 MatMuls) and a Scan per direction whose h·Rᵀ reads an int8 h, its range the "
+             "hidden states seen in the data. Default: LSTM/GRU stay f32 ops. E.g. lpt quantize plcmos_v2.onnx "
+             "--int8-recurrent")(command)
+
+
+def say_recurrent(report) -> None:
+    """The LSTM/GRU directions whose recurrent MatMuls run int8, one line each."""
+    for r in report.recurrent:
+        say(f"int8 recurrence: {r.op} ({r.op_type}) as {r.scan}, h in [{r.hidden_low:.4g}, {r.hidden_high:.4g}]")
+
+
 def say_smoothed(report) -> None:
     """What SmoothQuant did, one line per smoothed activation."""
     if report.smooth_quant is None:
@@ -114,6 +130,7 @@ def default_output(model: Path) -> Path:
 @click.option("--no-bias-correction", is_flag=True, help="Do not shift biases by the mean quantization error.")
 @overflow_fix_option
 @smooth_quant_option
+@int8_recurrent_option
 @click.option("--skip-nonfinite", is_flag=True, help="Skip samples holding NaN/Inf instead of refusing the data.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary; print only where the model was written.")
 @click.option("-o", "--output", type=click.Path(), help="Where to write the FQ model. "
@@ -123,7 +140,7 @@ def default_output(model: Path) -> Path:
 @data_options
 def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_size: int,
               batch_axes: tuple[str, ...], ignore: tuple[str, ...], no_bias_correction: bool, overflow_fix: str,
-              smooth_quant: float | None, skip_nonfinite: bool,
+              smooth_quant: float | None, int8_recurrent: bool, skip_nonfinite: bool,
               quiet: bool, output: str | None, force: bool, ray: str | None, ray_workers: int | None,
               data_options: DataOptions, files: Files) -> None:
     """Calibrate an fp32 MODEL on sample data and insert FakeQuantize nodes (written as QDQ ONNX).
@@ -139,6 +156,7 @@ def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_
       lpt calibrate yolo.onnx --data photos/ --preprocess yolo      JPEGs, letterboxed to the model's size
       lpt calibrate resnet.onnx --data photos/ --preprocess imagenet --ray      statistics on Ray workers
       lpt calibrate models/digits_transformer.onnx --smooth-quant 0.5
+      lpt calibrate speech_gru.onnx --data samples.npz --int8-recurrent
     """
     at_least("--subset-size", subset_size, 1)
     axes = parse_batch_axes(batch_axes)
@@ -150,7 +168,7 @@ def calibrate(model: str, data: str | None, preset: str, estimator: str, subset_
     result = run_calibration(model, data, preset=preset, estimator=estimator, subset_size=subset_size,
                              ignore=ignore, bias_correction=not no_bias_correction, skip_nonfinite=skip_nonfinite,
                              quiet=quiet, batch_axes=axes, overflow_fix=overflow_fix, smooth_quant=smooth_quant,
-                             ray=ray, ray_workers=ray_workers)
+                             int8_recurrent=int8_recurrent, ray=ray, ray_workers=ray_workers)
     lpt.save(result.model, output, overwrite=force)
     if not quiet:
         print_summary(result.report, model)
@@ -177,4 +195,5 @@ def print_summary(report, model: Path) -> None:
     corrected = f"; {len(report.bias_corrected)} biases corrected" if report.bias_corrected else ""
     say_narrowed(report)
     say_smoothed(report)
+    say_recurrent(report)
     say(f"{report.samples} samples{skipped}{corrected}; {report.seconds:.2f} s")

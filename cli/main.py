@@ -12,8 +12,8 @@ import click
 from click.core import ParameterSource
 
 import lpt
-from cli.calibrate import (batch_axis_option, overflow_fix_option, ray_options, say_narrowed, say_smoothed,
-                           smooth_quant_option)
+from cli.calibrate import (batch_axis_option, int8_recurrent_option, overflow_fix_option, ray_options, say_narrowed,
+                           say_recurrent, say_smoothed, smooth_quant_option)
 from cli.data_options import DataOptions, data_options, open_folder, say_skipped
 from lpt.data.suggest import suggest as suggest_data
 from lpt.calibration import Estimator
@@ -333,6 +333,7 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @click.option("--no-bias-correction", is_flag=True, help="Skip fast bias correction.")
 @overflow_fix_option
 @smooth_quant_option
+@int8_recurrent_option
 @click.option("--recalibrate", is_flag=True, help="Calibrate afresh even if MODEL is already fake-quantized.")
 @click.option("--dynamic", is_flag=True, help="Dynamic quantization (onnxruntime's quantize_dynamic form), no "
               "calibration: MatMul/Gemm weights 8-bit per channel, activation ranges measured at run time "
@@ -360,7 +361,7 @@ def export(model: str, output: str, force: bool, files: paths.Files) -> None:
 @_one_line_errors
 @data_options
 def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ignore, no_bias_correction, overflow_fix,
-             smooth_quant, recalibrate,
+             smooth_quant, int8_recurrent, recalibrate,
              skip_nonfinite, json_path, force, quiet, max_drop, min_sqnr, labels_key, eval_data, max_time, batch_axes,
              data_options: DataOptions, files: paths.Files, dynamic: bool = False, ray: str | None = None,
              ray_workers: int | None = None) -> None:
@@ -385,6 +386,7 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
       lpt quantize models/digits_transformer.onnx --smooth-quant 0.5      SmoothQuant before placement
       lpt quantize resnet.onnx --data photos/ --preprocess imagenet      photos/CLASS/*.jpg: top-1 and top-5
       lpt quantize speech_gru.onnx --dynamic --data samples.npz          no calibration: quantize_dynamic's form
+      lpt quantize speech_gru.onnx --int8-recurrent --data samples.npz   LSTM/GRU recurrences on int8 too
       lpt quantize resnet.onnx --data photos/ --preprocess imagenet --ray      passes over the data on Ray workers
     """
     at_least("--subset-size", subset_size, 1)
@@ -415,6 +417,7 @@ def quantize(model: str, data, output_prefix, preset, estimator, subset_size, ig
                               skip_nonfinite=skip_nonfinite, batch_axes=axes,
                               max_drop=max_drop, min_sqnr=min_sqnr, labels=labels_key, eval_data=eval_data,
                               max_time=max_time, overflow_fix=overflow_fix, smooth_quant=smooth_quant,
+                              int8_recurrent=int8_recurrent,
                               quiet=quiet or not console.is_terminal,
                               ray=ray, ray_workers=ray_workers,
                               on_stage=(lambda name: status.update(name)) if status is not None else None)
@@ -444,6 +447,7 @@ def _print_quantize_report(report) -> None:
             say(f"  left f32: {skipped.node} ({skipped.op_type}): {skipped.reason}")
         say_narrowed(c)
         say_smoothed(c)
+        say_recurrent(c)
     elif report.dynamic is not None:
         _print_dynamic(report.dynamic)
     else:

@@ -72,7 +72,8 @@ class QuantizeReport:
                            "left_f32": [{"node": s.node, "op": s.op_type, "reason": s.reason} for s in c.left_f32],
                            "samples": c.samples, "bias_corrected": list(c.bias_corrected),
                            "overflow_fix": c.overflow_fix, "narrowed": [dict(n.__dict__) for n in c.narrowed],
-                           "smooth_quant": c.smooth_quant, "smoothed": list(c.smoothed)}
+                           "smooth_quant": c.smooth_quant, "smoothed": list(c.smoothed),
+                           "recurrent": [dict(r.__dict__) for r in c.recurrent]}
         return {
             "calibration": calibration,
             "ops": {k: sum(p.precision == k for p in self.precisions)
@@ -182,6 +183,9 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
                               int8_recurrent=int8_recurrent)
     if max_drop is not None or min_sqnr is not None:
         check_options(max_drop, min_sqnr, labels, max_time)  # before any work, not after calibrating
+        if int8_recurrent:
+            raise QuantizationError("--int8-recurrent cannot be combined with --max-drop/--min-sqnr: accuracy "
+                                    "control reverts FQs on the fp32 model, which has no Scan form of its LSTM/GRU")
     if data is None:
         if not isinstance(model, (str, os.PathLike)):
             raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")

@@ -173,7 +173,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
     masks = channel_masks(config.overflow_fix, placement)  # 7-bit weight channels; auto: from the data, below
     fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
-    recurrent = quantize_scans(scans, statistics, config.activations, config.weights)
+    recurrent = quantize_scans(scans, statistics, config.activations, _recurrent_weights(config))
     for _ in range(MAX_ROUNDS if config.overflow_fix == OverflowFix.AUTO else 0):
         masks, grew = merge(masks, saturating_channels(working, placement, dataset, masks, fqs, quiet=quiet))
         if not grew:
@@ -185,7 +185,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         placement = place(working, config.ignore)
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
-        recurrent = quantize_scans(scans, statistics, config.activations, config.weights)
+        recurrent = quantize_scans(scans, statistics, config.activations, _recurrent_weights(config))
     record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
     left_f32 = list(placement.skipped) + recurrent_left
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]
@@ -218,6 +218,14 @@ def _scans(working: ir.Model, config: CalibrationConfig):
     if not config.int8_recurrent:
         return [], []
     return to_scans(working, IgnoreRules(config.ignore))
+
+
+def _recurrent_weights(config: CalibrationConfig) -> WeightScheme:
+    """R's weights: 7 bits with --overflow-fix all, as every other weight then; else 8 (auto's emulation and
+    first do not reach into the Scan bodies: README, "int8 on AVX2 CPUs")."""
+    if config.overflow_fix == OverflowFix.ALL:
+        return WeightScheme(levels=127, per_channel=config.weights.per_channel)
+    return config.weights
 
 
 def _on_ray(address: str, workers: int | None):

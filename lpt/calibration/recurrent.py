@@ -2,17 +2,21 @@
 hidden state (`lpt quantize --int8-recurrent`).
 
 ONNX's LSTM and GRU ops have no place for a quantizer inside their recurrence, so each one taken
-becomes the same function written in standard ops, per direction:
+becomes the same function written in standard ops, per direction and per gate g:
 
-    P = MatMul(X, Wᵀ) + b            the input projection of every time step at once: a MatMul
-                                     like any other, its input and weight FQs placed as usual
-    Scan(h₀[, c₀], P) → h_T[, c_T], Y
-        body:  g = MatMul(FQ(h), FQ(Rᵀ)) + P_t      the recurrent product, on int8
+    P_g = MatMul(X, W_gᵀ) + b_g      the gate's input projection for every time step at once: a
+                                     MatMul like any other, its input and weight FQs placed as usual
+    Scan(h₀[, c₀], P_0 … P_G−1) → h_T[, c_T], Y
+        body:  MatMul(FQ(h), FQ(R_gᵀ)) + P_g,t     the recurrent products, on int8 (one FQ of h)
                the gates in f32, as the op computes them (ONNX's gate order: LSTM i o f c, GRU z r h)
 
-h's range is calibrated on the hidden states the Scan emits (Y, and h₀), one range per direction;
-Rᵀ is symmetric per column (per gate row of R), as other weights. Only h's copy that the MatMul
-reads is quantized: the state carried from step to step, and c, stay f32, so the error does not
+One MatMul per gate, not one of all gates sliced after: the body then holds only ops that lpt's native
+engine runs, so that each time step is one native call (lpt.backend.scan_steps).
+
+h's range is the min/max of the hidden states the Scan emits (Y) and of h₀, one range per
+direction: a clipped state would feed every later step, and h is bounded by tanh anyway. R_gᵀ is
+symmetric per column (per gate row of R), as other weights. Only the copy of h that the MatMuls
+read is quantized: the state carried from step to step, and c, stay f32, so the error does not
 compound through the blend h = (1 − z)·h̃ + z·h.
 
 No peer quantizes the recurrence on CPU (onnxruntime#9796, openvino#12196); onnxruntime's
@@ -60,8 +64,8 @@ class RecurrentScan:
 
 
 def to_scans(model: ir.Model, ignore_rules=None) -> tuple[list[RecurrentScan], list[Skipped]]:
-    """Rewrite every eligible LSTM/GRU of `model`'s main graph into a projection MatMul and a
-    Scan per direction, in place, computing the same function in f32. (scans, ops left as they are)"""
+    """Rewrite every eligible LSTM/GRU of `model`'s main graph into projection MatMuls and a Scan per
+    direction, in place, computing the same function in f32. (scans, ops left as they are and why)"""
     scans, skipped = [], []
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     for node in list(model.graph):
@@ -89,8 +93,8 @@ def _input(node: ir.Node, index: int) -> ir.Value | None:
 def _why_not(node: ir.Node, opset: int) -> str | None:
     """None when `node` can be rewritten, else the reason it cannot."""
     op = node.op_type
-    if opset < 10:
-        return f"opset {opset}: the Scan form (Scan without a batch axis, Slice by inputs) needs opset 10"
+    if opset < 9:
+        return f"opset {opset}: the Scan form (Scan without a batch axis) needs opset 9"
     for index, what in ((1, "W"), (2, "R")):
         value = const_array(_input(node, index))
         if value is None:
