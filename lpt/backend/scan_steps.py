@@ -4,7 +4,8 @@ called once per step.
 onnxruntime would run such a body with its own integer kernels, which on CPUs without VNNI add
 pairs of u8·s8 products in a saturating int16 (lpt.backend.emulation); lpt's quantized LSTM/GRU
 (lpt.calibration.recurrent) are Scans of this kind. The body's plan puts its int8 chains on lpt's
-exact kernels and its f32 ops (the gates) in onnxruntime regions, as any plan does.
+exact kernels and its f32 ops (the gates) on lpt's float steps or in onnxruntime regions, as any plan
+does; where that makes one native program, each step is one call of it.
 
 Taken: Scan (opset 9+: no batch axis) whose body reads no value of the outer graph, with scan
 axes 0. Others run whole in onnxruntime.

@@ -11,8 +11,8 @@ runs the steps in order, each usable on its own:
     collect_statistics  steps: one pass over the data into fixed-size collectors (Statistics)
     estimate_ranges     steps: the estimator's [low, high] per tensor, or search_ranges
                         (range_search, --estimator auto): a second pass scoring candidates
-    to_scans            recurrent (--int8-recurrent, before placement): each LSTM/GRU as a
-                        projection MatMul and a Scan whose MatMul(h, Rᵀ) quantize_scans
+    to_scans            recurrent (--int8-recurrent, before placement): each LSTM/GRU as
+                        projection MatMuls and a Scan whose MatMuls h·R_gᵀ quantize_scans
                         gives FQs after the data pass (h's range: the states it took)
     smoothing_plan      smooth_quant (--smooth-quant ALPHA, before placement): per-channel
                         max|X| of MatMul/Gemm inputs, one pass; apply_smoothing moves
@@ -135,8 +135,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     not saturate (lpt.calibration.overflow_fix; auto runs the int8 graph on the data as such a CPU
     does, one to three more passes); `smooth_quant`: SmoothQuant's alpha in [0, 1] (None: off), which
     moves activation outliers into the weights of the MatMul/Gemm reading them before the FQs are
-    placed (lpt.calibration.smooth_quant; one more pass); `int8_recurrent`: LSTM/GRU become a
-    projection MatMul and a Scan whose recurrent MatMul reads an int8 h, its range calibrated on the
+    placed (lpt.calibration.smooth_quant; one more pass); `int8_recurrent`: LSTM/GRU become
+    projection MatMuls and a Scan whose recurrent MatMuls read an int8 h, its range calibrated on the
     states h took (lpt.calibration.recurrent; without it they stay f32 ops). `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
