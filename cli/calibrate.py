@@ -64,10 +64,10 @@ def smooth_quant_option(command):
     """--smooth-quant ALPHA (calibrate, quantize): lpt.calibration.smooth_quant."""
     return click.option(
         "--smooth-quant", type=click.FloatRange(0.0, 1.0), metavar="ALPHA",
-        help="SmoothQuant: before placing FQs, divide each MatMul/Gemm input channel by s = max|X|^ALPHA / "
-             "max|W|^(1-ALPHA) and multiply the weight rows by s (absorbed into a LayerNorm or the producing "
-             "MatMul, else an inserted Mul); the fp32 function is unchanged, activation outliers move into the "
-             "weights. One more pass over the data. Default: off. E.g. --smooth-quant 0.5")(command)
+        help="SmoothQuant: before placing FQs, divide each MatMul/Gemm/Conv input channel by s = max|X|^ALPHA / "
+             "max|W|^(1-ALPHA) and multiply the weight rows by s (absorbed into a LayerNorm, the producing "
+             "MatMul or Conv, else an inserted Mul); the fp32 function is unchanged, activation outliers move "
+             "into the weights. One more pass over the data. Default: off. E.g. --smooth-quant 0.5")(command)
 
 
 def int8_recurrent_option(command):

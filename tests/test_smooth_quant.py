@@ -18,6 +18,7 @@ import lpt
 from cli.main import main
 from lpt.calibration import _working_copy, calibrate, place
 from lpt.calibration.data import CalibrationData, input_specs
+from lpt.calibration import smooth_quant
 from lpt.calibration.smooth_quant import (LAYER_NORM, MUL, PRODUCER, SCALE, apply_smoothing, smoothed_copy,
                                           smoothing_plan)
 from lpt.calibration.statistics import session, with_outputs
@@ -103,14 +104,44 @@ def encoder_block(seed: int = 2) -> onnx.ModelProto:
     return model(nodes, {"x": ["N", T, C]}, {"y": ["N", T, C]}, inits, opset=17)
 
 
+def conv_chain(seed: int = 4) -> onnx.ModelProto:
+    """x [N, 3, 8, 8] → conv1 → Relu → conv2 → HardSwish → depthwise conv3 → conv4 (1×1) → y. conv1's
+    channel OUTLIER is 30x the others (its row in conv2 is small): the scale lands in conv1's filters
+    (through the Relu), an inserted Mul (after the HardSwish) and conv3's filters."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 0.3, (C, 3, 3, 3)).astype(np.float32)
+    w1[OUTLIER] *= 30.0
+    w2 = rng.normal(0, 0.2, (C, C, 3, 3)).astype(np.float32)
+    w2[:, OUTLIER] /= 30.0
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c2"], ["h2"], name="hard_swish"),
+             helper.make_node("Conv", ["h2", "w3"], ["c3"], name="conv3", group=C, pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c3", "w4", "b4"], ["y"], name="conv4")]
+    inits = {"w1": w1, "b1": rng.normal(0, 0.1, C).astype(np.float32), "w2": w2,
+             "b2": rng.normal(0, 0.1, C).astype(np.float32), "w3": rng.normal(0, 0.3, (C, 1, 3, 3)).astype(np.float32),
+             "w4": rng.normal(0, 0.3, (8, C, 1, 1)).astype(np.float32), "b4": rng.normal(0, 0.1, 8).astype(np.float32)}
+    return model(nodes, {"x": ["N", 3, 8, 8]}, {"y": ["N", 8, 8, 8]}, inits, opset=17)
+
+
+def images(n: int = 64, seed: int = 3) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).normal(0, 1, (n, 3, 8, 8)).astype(np.float32)}
+
+
 def inputs(n: int = 64, seed: int = 3) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).normal(0, 1, (n, T, C)).astype(np.float32)}
 
 
 def plan_of(proto, alpha: float = 0.5):
     working = _working_copy(_ir(proto))
-    data = CalibrationData(inputs(), input_specs(working))
+    data = CalibrationData(samples_for(proto)(), input_specs(working))
     return working, smoothing_plan(working, data, alpha, quiet=True)
+
+
+def samples_for(proto):
+    return images if proto.graph.name == "test" and proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value == 3 \
+        else inputs
 
 
 def _ir(proto):
@@ -129,13 +160,13 @@ def channel_max(m, tensor: str, feeds) -> np.ndarray:
 # -- the fp32 function is kept, the outlier moves
 
 
-@pytest.mark.parametrize("build", [ln_matmul, every_absorber, encoder_block])
+@pytest.mark.parametrize("build", [ln_matmul, every_absorber, encoder_block, conv_chain])
 def test_the_smoothed_fp32_model_computes_the_same_outputs(build):
     proto = build()
     working, smoothing = plan_of(proto)
     assert smoothing.tensors
     smoothed = smoothed_copy(working, smoothing)
-    feeds = inputs(16, seed=9)  # not the calibration samples
+    feeds = samples_for(proto)(16, seed=9)  # not the calibration samples
     expected, got = run_ort(proto, feeds)[0], run_ort(smoothed, feeds)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
     # and something did change: the smoothed layers read new weights
@@ -146,6 +177,41 @@ def test_every_place_the_scale_can_go_is_used():
     _, smoothing = plan_of(every_absorber())
     absorbed = {t.tensor: t.absorbed_by for t in smoothing.tensors}
     assert absorbed == {"h0": LAYER_NORM, "h1": PRODUCER, "h3": SCALE, "h5": MUL}
+
+
+def test_a_conv_input_is_smoothed_only_where_a_channel_dwarfs_the_rest():
+    _, smoothing = plan_of(conv_chain())
+    [r1] = smoothing.tensors  # x, h2 and c3: every channel within CONV_OUTLIER_RATIO of the median
+    assert r1.tensor == "r1" and r1.absorbed_by == PRODUCER and r1.layers == ("conv2",)
+    assert r1.outlier_ratio > 10 and r1.outlier_ratio_after < r1.outlier_ratio / 3
+    [strong] = plan_of(conv_chain(), alpha=0.95)[1].tensors  # a Conv's input takes at most α 0.5
+    np.testing.assert_array_equal(strong.scales, r1.scales)
+
+
+def test_every_place_a_convs_scale_can_go_is_used(monkeypatch):
+    """Filters of a producing Conv (through a Relu, or directly: depthwise conv3), an inserted Mul (after
+    the HardSwish, on the model's input), one-group and depthwise readers; the function unchanged."""
+    monkeypatch.setattr(smooth_quant, "CONV_OUTLIER_RATIO", 0.0)
+    proto = conv_chain()
+    working, smoothing = plan_of(proto)
+    absorbed = {t.tensor: (t.absorbed_by, t.layers) for t in smoothing.tensors}
+    assert absorbed == {"x": (MUL, ("conv1",)), "r1": (PRODUCER, ("conv2",)), "h2": (MUL, ("conv3",)),
+                        "c3": (PRODUCER, ("conv4",))}
+    feeds = images(8, seed=9)
+    expected, got = run_ort(proto, feeds)[0], run_ort(smoothed_copy(working, smoothing), feeds)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_int8_sqnr_of_a_cnn_gains_from_smoothing():
+    proto = conv_chain()
+    test = images(32, seed=11)
+
+    def sqnr(alpha):
+        result = lpt.quantize(_ir(proto), images(), smooth_quant=alpha, overflow_fix="none")
+        return result.compare(test).outputs["y"].sqnr_db
+
+    plain, smoothed = sqnr(None), sqnr(0.5)
+    assert smoothed > plain + 3, (plain, smoothed)  # measured: 17.6 → 32.4 dB
 
 
 def test_the_outlier_channel_moves_into_the_weights():
