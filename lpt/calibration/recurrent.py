@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from lpt.calibration.insertion import activation_fake_quantize, safe_range, weight_fake_quantize
 from lpt.calibration.placement import Skipped
 from lpt.graph.constants import add_constant, const_array
 from lpt.graph.rewrite import replace_value
@@ -297,8 +298,6 @@ def quantize_scans(scans: list[RecurrentScan], statistics, activations, weights)
     """Put an FQ on h and on each R_gᵀ before the body's MatMuls h·R_gᵀ, in place: h's range the union
     of the states' min/max in `statistics.hidden_states`, R_gᵀ symmetric per column (per gate row of R).
     A direction whose states had no finite value stays f32."""
-    from lpt.calibration.insertion import activation_fake_quantize, safe_range, weight_fake_quantize
-
     done = []
     for s in scans:
         collected = [statistics.hidden_states[v.name] for v in s.hidden_states]
@@ -307,11 +306,10 @@ def quantize_scans(scans: list[RecurrentScan], statistics, activations, weights)
             continue
         low = min(c.range()[0] for c in collected)
         high = max(c.range()[1] for c in collected)
-        body = s.matmuls[0].graph
-        h = s.matmuls[0].inputs[0]
         first = s.matmuls[0]
+        body = first.graph
         quantized_h = activation_fake_quantize(*safe_range(low, high, s.name), activations).make_node(
-            body, h, f"{s.scan.name}/h/fq")
+            body, first.inputs[0], f"{s.scan.name}/h/fq")
         body.insert_before(first, quantized_h)
         for matmul in s.matmuls:
             weight = weight_fake_quantize(const_array(matmul.inputs[1]), 1, weights).make_node(
