@@ -133,15 +133,10 @@ def inputs(n: int = 64, seed: int = 3) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).normal(0, 1, (n, T, C)).astype(np.float32)}
 
 
-def plan_of(proto, alpha: float = 0.5):
+def plan_of(proto, alpha: float = 0.5, samples=inputs):
     working = _working_copy(_ir(proto))
-    data = CalibrationData(samples_for(proto)(), input_specs(working))
+    data = CalibrationData(samples(), input_specs(working))
     return working, smoothing_plan(working, data, alpha, quiet=True)
-
-
-def samples_for(proto):
-    return images if proto.graph.name == "test" and proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value == 3 \
-        else inputs
 
 
 def _ir(proto):
@@ -160,13 +155,14 @@ def channel_max(m, tensor: str, feeds) -> np.ndarray:
 # -- the fp32 function is kept, the outlier moves
 
 
-@pytest.mark.parametrize("build", [ln_matmul, every_absorber, encoder_block, conv_chain])
-def test_the_smoothed_fp32_model_computes_the_same_outputs(build):
+@pytest.mark.parametrize("build, samples", [(ln_matmul, inputs), (every_absorber, inputs), (encoder_block, inputs),
+                                            (conv_chain, images)])
+def test_the_smoothed_fp32_model_computes_the_same_outputs(build, samples):
     proto = build()
-    working, smoothing = plan_of(proto)
+    working, smoothing = plan_of(proto, samples=samples)
     assert smoothing.tensors
     smoothed = smoothed_copy(working, smoothing)
-    feeds = samples_for(proto)(16, seed=9)  # not the calibration samples
+    feeds = samples(16, seed=9)  # not the calibration samples
     expected, got = run_ort(proto, feeds)[0], run_ort(smoothed, feeds)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
     # and something did change: the smoothed layers read new weights
@@ -180,11 +176,11 @@ def test_every_place_the_scale_can_go_is_used():
 
 
 def test_a_conv_input_is_smoothed_only_where_a_channel_dwarfs_the_rest():
-    _, smoothing = plan_of(conv_chain())
+    _, smoothing = plan_of(conv_chain(), samples=images)
     [r1] = smoothing.tensors  # x, h2 and c3: every channel within CONV_OUTLIER_RATIO of the median
     assert r1.tensor == "r1" and r1.absorbed_by == PRODUCER and r1.layers == ("conv2",)
     assert r1.outlier_ratio > 10 and r1.outlier_ratio_after < r1.outlier_ratio / 3
-    [strong] = plan_of(conv_chain(), alpha=0.95)[1].tensors  # a Conv's input takes at most α 0.5
+    [strong] = plan_of(conv_chain(), alpha=0.95, samples=images)[1].tensors  # a Conv's input takes at most α 0.5
     np.testing.assert_array_equal(strong.scales, r1.scales)
 
 
@@ -193,7 +189,7 @@ def test_every_place_a_convs_scale_can_go_is_used(monkeypatch):
     the HardSwish, on the model's input), one-group and depthwise readers; the function unchanged."""
     monkeypatch.setattr(smooth_quant, "CONV_OUTLIER_RATIO", 0.0)
     proto = conv_chain()
-    working, smoothing = plan_of(proto)
+    working, smoothing = plan_of(proto, samples=images)
     absorbed = {t.tensor: (t.absorbed_by, t.layers) for t in smoothing.tensors}
     assert absorbed == {"x": (MUL, ("conv1",)), "r1": (PRODUCER, ("conv2",)), "h2": (MUL, ("conv3",)),
                         "c3": (PRODUCER, ("conv4",))}

@@ -19,6 +19,7 @@ from lpt import kernels
 from lpt.backend.step import Int8Layer, Quantization
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import read_fake_quantize
+from lpt.graph.ops import attribute
 from lpt.numerics.levels import level_range
 
 INTEGER_TYPES = (ir.DataType.UINT8, ir.DataType.INT8)
@@ -33,10 +34,6 @@ def only_consumer(value: ir.Value, op_types: tuple[str, ...], domain: str = "") 
         return None
     node = users[0]
     return node if node.op_type in op_types and node.domain in (domain, "ai.onnx" if domain == "" else domain) else None
-
-
-def attribute(node: ir.Node, name: str, default=None):
-    return node.attributes[name].value if name in node.attributes else default
 
 
 def optional_constant(node: ir.Node, index: int) -> np.ndarray | None:

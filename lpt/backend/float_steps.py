@@ -43,10 +43,11 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import attribute, only_consumer, read_post_op
+from lpt.backend.chains import only_consumer, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
+from lpt.graph.ops import attribute
 from lpt.numerics.exp import erf, sigmoid, tanh
 
 _FLOAT = ir.DataType.FLOAT

@@ -34,11 +34,12 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import (INTEGER_TYPES, attribute, only_consumer, optional_constant, quantized_next,
+from lpt.backend.chains import (INTEGER_TYPES, only_consumer, optional_constant, quantized_next,
                                 read_int8_layer, read_quantization)
 from lpt.backend.emulation import saturating_layer_function
 from lpt.backend.step import Int8Layer, Step
 from lpt.graph.constants import const_array
+from lpt.graph.ops import attribute
 from lpt.kernels.quantize import integer_container
 from lpt.transformations.dequantization import Dequantization
 

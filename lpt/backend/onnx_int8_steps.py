@@ -17,16 +17,13 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.step import Step
 from lpt.graph.constants import const_array
+from lpt.graph.ops import attribute
 from lpt.kernels.conv import with_src_zero_point
 from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_linear
 
 _OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear",
         "DynamicQuantizeLinear")
 _INTEGERS = (ir.DataType.UINT8, ir.DataType.INT8)
-
-
-def _attr(node: ir.Node, name: str, default=None):
-    return node.attributes[name].value if name in node.attributes else default
 
 
 def _optional_constant(node: ir.Node, index: int):
@@ -41,8 +38,8 @@ def _zero(value):
 
 
 def _runner(node: ir.Node):
-    window = dict(groups=_attr(node, "group", 1), strides=_attr(node, "strides"), dilations=_attr(node, "dilations"),
-                  pads=_attr(node, "pads"), auto_pad=_attr(node, "auto_pad", "NOTSET"))
+    window = dict(groups=attribute(node, "group", 1), strides=attribute(node, "strides"), dilations=attribute(node, "dilations"),
+                  pads=attribute(node, "pads"), auto_pad=attribute(node, "auto_pad", "NOTSET"))
     op = node.op_type
     if op == "ConvInteger":
         weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
@@ -67,9 +64,9 @@ def _runner(node: ir.Node):
             acc = kernels.matmul_accumulate(x, x_zp, w, w_zp)
             return [kernels.qlinear_output(acc, multiplier, y_zp, int(info.min), int(info.max), axis=-1)]
         return run
-    axis, block_size = _attr(node, "axis", 1), _attr(node, "block_size", 0)
+    axis, block_size = attribute(node, "axis", 1), attribute(node, "block_size", 0)
     if op == "QuantizeLinear":
-        output_dtype = _attr(node, "output_dtype")
+        output_dtype = attribute(node, "output_dtype")
         dtype = ir.DataType(output_dtype).numpy() if output_dtype else None
         return lambda x, scale, zp=None: [quantize_linear(x, scale, zp, axis=axis, block_size=block_size,
                                                           output_dtype=dtype)]

@@ -38,7 +38,7 @@ def try_scan_step(node: ir.Node, opsets: dict[str, int], threads: int, native: b
                  for name in ("scan_input_directions", "scan_output_directions", "scan_input_axes", "scan_output_axes")}
     if any(attribute["scan_input_axes"]) or any(attribute["scan_output_axes"]):
         return None
-    from lpt.backend.plan import compile_model
+    from lpt.backend.plan import compile_model  # here: lpt.backend.plan imports this module
 
     plan = compile_model(_standalone(body, opsets), threads=threads, native=native, emulate=emulate)
     backwards_in = [bool(d) for d in attribute["scan_input_directions"]] or [False] * scan_inputs

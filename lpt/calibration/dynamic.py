@@ -42,6 +42,7 @@ import onnx_ir as ir
 
 from lpt.errors import QuantizationError
 from lpt.graph.constants import add_constant, const_array
+from lpt.graph.ops import attribute
 from lpt.model_io import clone
 
 logger = logging.getLogger(__name__)
@@ -134,10 +135,6 @@ def _ignored(node: ir.Node, ignore) -> bool:
     return False
 
 
-def _attribute(node: ir.Node, name: str, default):
-    return node.attributes[name].value if name in node.attributes else default
-
-
 def _symmetric(weights: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 weights around 128, f32 scale per index of `axis`): s = max|w|/127 per channel (1 for zeros)."""
     other = tuple(d for d in range(weights.ndim) if d != axis)
@@ -161,7 +158,7 @@ def _linear(node: ir.Node, activations: dict) -> str | None:
     op = node.op_type
     if op == "MatMul" and weights.ndim != 2:
         return f"the weight has rank {weights.ndim}; MatMulInteger here takes a 2-D one"
-    if op == "Gemm" and _attribute(node, "transA", 0):
+    if op == "Gemm" and attribute(node, "transA", 0):
         return "Gemm with transA"
     bias = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
     if op in ("Gemm", "Conv") and len(node.inputs) > 2 and node.inputs[2] is not None and bias is None:
@@ -174,13 +171,13 @@ def _linear(node: ir.Node, activations: dict) -> str | None:
         attributes = {key: a.value for key, a in node.attributes.items()
                       if key in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
     else:
-        if op == "Gemm" and _attribute(node, "transB", 0):
+        if op == "Gemm" and attribute(node, "transB", 0):
             weights = weights.T
-        alpha = np.float32(_attribute(node, "alpha", 1.0)) if op == "Gemm" else np.float32(1)
+        alpha = np.float32(attribute(node, "alpha", 1.0)) if op == "Gemm" else np.float32(1)
         q, scale = _symmetric(weights, 1)
         scale, scale_shape, attributes = scale * alpha, (-1,), {}
         if bias is not None:
-            bias = bias * np.float32(_attribute(node, "beta", 1.0))
+            bias = bias * np.float32(attribute(node, "beta", 1.0))
     x_q, x_scale, x_zero_point = _dynamic_quantize(graph, node, x, activations)
     new = []
     integer = ir.node(_integer_op(op), [x_q, add_constant(graph, f"{base}.weight_quantized", q), x_zero_point,

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from lpt.errors import QuantizationError
 from lpt.graph.constants import const_array
-from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS
+from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS, attribute
 
 logger = logging.getLogger(__name__)
 
@@ -498,7 +498,7 @@ def _data_inputs(node: ir.Node) -> list[int]:
         return list(range(len(node.inputs)))
     if op not in PRECISION_PRESERVING_OPS or not node.inputs:
         return []
-    if op == "Resize" and _attr(node, "mode", "nearest") != "nearest":
+    if op == "Resize" and attribute(node, "mode", "nearest") != "nearest":
         return []
     if op == "Pad" and not _pads_with_zero(node):
         return []
@@ -508,7 +508,7 @@ def _data_inputs(node: ir.Node) -> list[int]:
 
 
 def _pads_with_zero(node: ir.Node) -> bool:
-    if _attr(node, "mode", "constant") != "constant":
+    if attribute(node, "mode", "constant") != "constant":
         return True  # edge/reflect/wrap copy existing values
     if len(node.inputs) > 2 and node.inputs[2] is not None:
         value = const_array(node.inputs[2])
@@ -528,11 +528,6 @@ def _affine_input(node: ir.Node) -> int | None:
     return None
 
 
-def _attr(node: ir.Node, name: str, default):
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.value
-
-
 def _is_float(value: ir.Value) -> bool:
     return value.dtype is None or value.dtype == ir.DataType.FLOAT
 
@@ -545,7 +540,7 @@ def _weight_axis(node: ir.Node, weight) -> int | None:
         return 0  # [OC, IC/g, k...]
     if node.op_type == "ConvTranspose":
         return 1  # [IC, OC/g, k...]
-    return 0 if _attr(node, "transB", 0) else 1  # Gemm: B is [K, N], or [N, K] transposed
+    return 0 if attribute(node, "transB", 0) else 1  # Gemm: B is [K, N], or [N, K] transposed
 
 
 def _matmul_axis(weight, index: int) -> int | None:

@@ -40,6 +40,7 @@ import onnx_ir as ir
 from lpt.calibration.insertion import activation_fake_quantize, safe_range, weight_fake_quantize
 from lpt.calibration.placement import Skipped
 from lpt.graph.constants import add_constant, const_array
+from lpt.graph.ops import attribute
 from lpt.graph.rewrite import replace_value
 
 logger = logging.getLogger(__name__)
@@ -83,10 +84,6 @@ def to_scans(model: ir.Model, ignore_rules=None) -> tuple[list[RecurrentScan], l
     return scans, skipped
 
 
-def _attribute(node: ir.Node, name: str, default):
-    return node.attributes[name].value if name in node.attributes else default
-
-
 def _input(node: ir.Node, index: int) -> ir.Value | None:
     return node.inputs[index] if len(node.inputs) > index else None
 
@@ -110,16 +107,16 @@ def _why_not(node: ir.Node, opset: int) -> str | None:
         return "peepholes (P)"
     if node.inputs[0].dtype not in (None, ir.DataType.FLOAT):
         return f"X is {node.inputs[0].dtype}, not f32"
-    if _attribute(node, "layout", 0) != 0:
+    if attribute(node, "layout", 0) != 0:
         return "layout 1 (batch first)"
-    if _attribute(node, "clip", None) is not None:
+    if attribute(node, "clip", None) is not None:
         return "clip"
-    if op == "LSTM" and _attribute(node, "input_forget", 0):
+    if op == "LSTM" and attribute(node, "input_forget", 0):
         return "input_forget"
-    if op == "GRU" and not _attribute(node, "linear_before_reset", 0):
+    if op == "GRU" and not attribute(node, "linear_before_reset", 0):
         return "linear_before_reset=0: the candidate gate's product reads r⊙h, a second tensor to quantize"
-    activations = _attribute(node, "activations", None)
-    directions = 2 if _attribute(node, "direction", "forward") == "bidirectional" else 1
+    activations = attribute(node, "activations", None)
+    directions = 2 if attribute(node, "direction", "forward") == "bidirectional" else 1
     if activations is not None and [a.lower() for a in activations] != [
             a.lower() for a in DEFAULT_ACTIVATIONS[op] * directions]:
         return f"activations {list(activations)}, not the default"
@@ -135,7 +132,7 @@ def _rewrite(graph: ir.Graph, node: ir.Node, opset: int) -> list[RecurrentScan]:
     directions, rows, hidden = w.shape[0], w.shape[1], r.shape[2]
     b = const_array(_input(node, 3))
     b = np.zeros((directions, 2 * rows), np.float32) if b is None else b.astype(np.float32)
-    reverse = _attribute(node, "direction", "forward") == "reverse"
+    reverse = attribute(node, "direction", "forward") == "reverse"
     initial = {"h": _input(node, 5), "c": _input(node, 6) if op == "LSTM" else None}
     new: list[ir.Node] = []
     zeros = None

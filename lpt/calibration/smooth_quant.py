@@ -53,6 +53,7 @@ from lpt.calibration.placement import IgnoreRules
 from lpt.calibration.statistics import collect
 from lpt.errors import QuantizationError
 from lpt.graph.constants import add_constant, const_array
+from lpt.graph.ops import attribute
 
 logger = logging.getLogger(__name__)
 
@@ -222,10 +223,10 @@ def _smoothable(node: ir.Node) -> bool:
     weight = const_array(b)
     if weight is None or weight.ndim < 2 or weight.dtype != np.float32:
         return False
-    if node.op_type == "Gemm" and _attr(node, "transA", 0):
+    if node.op_type == "Gemm" and attribute(node, "transA", 0):
         return False  # A is [K, M]: its channels are rows, not the last axis
     if node.op_type == "Conv":
-        group = _attr(node, "group", 1)
+        group = attribute(node, "group", 1)
         return weight.ndim >= 3 and (group == 1 or weight.shape[1] == 1)  # grouped ones: channels meet a slice
     return True
 
@@ -235,7 +236,7 @@ def _row_absmax(layer: ir.Node) -> np.ndarray:
     w = np.abs(const_array(layer.inputs[1]))
     if layer.op_type == "Conv":
         return _conv_rows(layer, w).max(axis=1)
-    if layer.op_type == "Gemm" and _attr(layer, "transB", 0):
+    if layer.op_type == "Gemm" and attribute(layer, "transB", 0):
         return w.max(axis=0)  # B is [N, K]
     w = np.moveaxis(w, -2, 0)  # MatMul [..., K, N], Gemm [K, N]
     return w.reshape(w.shape[0], -1).max(axis=1)
@@ -347,21 +348,21 @@ def _replace_constant(graph: ir.Graph, node: ir.Node, index: int, array: np.ndar
 def _conv_rows(layer: ir.Node, w: np.ndarray) -> np.ndarray:
     """A Conv's weight as [input channel j, what meets it]: W[:, j] (one group), or the filters of
     channel j (depthwise, W [C·m, 1, ...]: filters j·m … j·m + m − 1)."""
-    if _attr(layer, "group", 1) == 1:
+    if attribute(layer, "group", 1) == 1:
         return np.moveaxis(w, 1, 0).reshape(w.shape[1], -1)
-    return w.reshape(_attr(layer, "group", 1), -1)
+    return w.reshape(attribute(layer, "group", 1), -1)
 
 
 def _scale_rows(graph: ir.Graph, layer: ir.Node, s: np.ndarray) -> None:
     w = const_array(layer.inputs[1])
     if layer.op_type == "Conv":
         shape = [1] * w.ndim
-        if _attr(layer, "group", 1) == 1:
+        if attribute(layer, "group", 1) == 1:
             shape[1] = -1
             w = w * s.reshape(shape)
         else:  # depthwise: channel j's m filters
             w = (w.reshape(s.size, -1) * s[:, None]).reshape(w.shape)
-    elif layer.op_type == "Gemm" and _attr(layer, "transB", 0):
+    elif layer.op_type == "Gemm" and attribute(layer, "transB", 0):
         w = w * s  # [N, K]: K is the last axis
     else:
         w = w * s[:, None]  # [..., K, N]
@@ -395,7 +396,7 @@ def _divide_producer(graph: ir.Graph, value: ir.Value, s: np.ndarray) -> None:
 
 def _divide_weight_columns(graph: ir.Graph, node: ir.Node, s: np.ndarray) -> None:
     w = const_array(node.inputs[1])
-    if node.op_type == "Gemm" and _attr(node, "transB", 0):
+    if node.op_type == "Gemm" and attribute(node, "transB", 0):
         w = w / s[:, None]  # B is [K_out, K_in]: output channels are rows
     else:
         w = w / s  # output channels are the last axis
@@ -419,7 +420,3 @@ def _insert_mul(graph: ir.Graph, value: ir.Value, layers: list[ir.Node], s: np.n
     for layer in layers:
         layer.replace_input_with(0, mul.outputs[0])
 
-
-def _attr(node: ir.Node, name: str, default):
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.value

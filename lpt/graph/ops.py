@@ -1,4 +1,6 @@
-"""Op families shared by inspection, calibration and the transformations."""
+"""Op families shared by inspection, calibration and the transformations, and reading a node's attributes."""
+
+import onnx_ir as ir
 
 # Ops whose cost int8 saves: each should read fake-quantized activations and weights.
 QUANTIZABLE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -14,3 +16,8 @@ PRECISION_PRESERVING_OPS = (
 # quantize_dynamic writes it: DynamicQuantizeLinear + ConvInteger/MatMulInteger).
 QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "FakeQuantize", "QLinearConv", "QLinearMatMul",
                  "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear")
+
+
+def attribute(node: ir.Node, name: str, default=None):
+    """The value of `node`'s attribute `name`, or `default` when the node does not set it."""
+    return node.attributes[name].value if name in node.attributes else default

@@ -11,14 +11,11 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt.graph.constants import add_constant, const_array
+from lpt.graph.ops import attribute
 from lpt.graph.rewrite import remove_unused, replace_value
 from lpt.transformations.base import Check, LayerTransformation
 from lpt.transformations.conv import add_bias, check_activation, per_output_channel, zero_point_input
 from lpt.transformations.dequantization import Dequantization, insert_dequantization
-
-
-def _attr(node: ir.Node, name: str, default):
-    return node.attributes[name].value if name in node.attributes else default
 
 
 class MatMulTransformation(LayerTransformation):
@@ -28,14 +25,14 @@ class MatMulTransformation(LayerTransformation):
         a = check_activation(Dequantization.of(node.inputs[0]))
         if not a:
             return a
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
+        if node.op_type == "Gemm" and attribute(node, "transA", 0):
             return Check.fail("Gemm with transA is not supported")
         b = Dequantization.of(node.inputs[1])
         if b is None:
             return Check.fail("second input is not dequantized")
         constant = const_array(b.data)
         if constant is None:
-            if node.op_type == "Gemm" and _attr(node, "transB", 0):
+            if node.op_type == "Gemm" and attribute(node, "transB", 0):
                 return Check.fail("Gemm with a transposed activation B is not supported")
             return check_activation(b)
         if b.zero_point is None or b.data.dtype not in (ir.DataType.INT8, ir.DataType.UINT8) or constant.ndim != 2:
@@ -49,7 +46,7 @@ class MatMulTransformation(LayerTransformation):
     def _column_params(self, node: ir.Node, b: Dequantization):
         """(q_b as [K, N], scale per column, zero point per column)."""
         q = const_array(b.data)
-        transposed = node.op_type == "Gemm" and _attr(node, "transB", 0)
+        transposed = node.op_type == "Gemm" and attribute(node, "transB", 0)
         columns, axis = (q.shape[0], 0) if transposed else (q.shape[1], -1)
         scale = per_output_channel(b.scale, columns, axis)
         zero_point = per_output_channel(b.zero_point, columns, axis)
@@ -76,11 +73,11 @@ class MatMulTransformation(LayerTransformation):
         accumulator = matmul.outputs[0]
         accumulator.type, accumulator.name = ir.TensorType(ir.DataType.INT32), f"{name}/accumulator"
         graph.insert_before(node, matmul)
-        alpha = np.float32(_attr(node, "alpha", 1.0)) if node.op_type == "Gemm" else np.float32(1)
+        alpha = np.float32(attribute(node, "alpha", 1.0)) if node.op_type == "Gemm" else np.float32(1)
         scale = (a.scale.reshape(()) * b_scale * alpha).astype(np.float32)
         result = insert_dequantization(graph, accumulator, scale, None, after=matmul, name=f"{name}/dequantize")
         if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
-            c = const_array(node.inputs[2]) * np.float32(_attr(node, "beta", 1.0))
+            c = const_array(node.inputs[2]) * np.float32(attribute(node, "beta", 1.0))
             result = add_bias(graph, result, c, c.shape, name)
         replace_value(node.outputs[0], result)
         graph.remove(node, safe=True)

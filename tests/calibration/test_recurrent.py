@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
@@ -16,6 +15,7 @@ from cli.main import main
 from lpt.calibration import calibrate
 from lpt.calibration.recurrent import to_scans
 from lpt.pipeline import quantize
+from tests.graphs import model, run_ort
 
 HIDDEN, INPUTS, STEPS = 8, 6, 9
 
@@ -25,34 +25,23 @@ def recurrent_model(op: str, direction: str = "forward", *, initial: bool = True
     """X [T, 2, I] → LSTM/GRU (trained-like weights) → Y, Y_h (and Y_c), each read by an Identity."""
     rng = np.random.default_rng(seed)
     directions, gates = (2 if direction == "bidirectional" else 1), (4 if op == "LSTM" else 3)
-    weights = [numpy_helper.from_array(rng.normal(0, 0.5, shape).astype(np.float32), name) for name, shape in
+    weights = {name: rng.normal(0, 0.5, shape).astype(np.float32) for name, shape in
                (("W", (directions, gates * HIDDEN, INPUTS)), ("R", (directions, gates * HIDDEN, HIDDEN)),
-                ("B", (directions, 2 * gates * HIDDEN)))]
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", 2, INPUTS])]
-    names = ["X", "W", "R", "B", ""]
+                ("B", (directions, 2 * gates * HIDDEN)))}
+    inputs = {"X": ["T", 2, INPUTS]}
     feeds = {"X": rng.normal(0, 1, (STEPS, 2, INPUTS)).astype(np.float32)}
     for state in (("h0", "c0") if op == "LSTM" else ("h0",)) if initial else ():
-        inputs.append(helper.make_tensor_value_info(state, TensorProto.FLOAT, [directions, 2, HIDDEN]))
-        names.append(state)
+        inputs[state] = [directions, 2, HIDDEN]
         feeds[state] = rng.uniform(-0.5, 0.5, (directions, 2, HIDDEN)).astype(np.float32)
     outputs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
     if op == "GRU":
         attributes.setdefault("linear_before_reset", 1)
-    nodes = [helper.make_node(op, names, [f"{o}_raw" for o in outputs], name="rnn", hidden_size=HIDDEN,
-                              direction=direction, **attributes)]
+    nodes = [helper.make_node(op, ["X", "W", "R", "B", "", *[name for name in inputs if name != "X"]], [f"{o}_raw" for o in outputs],
+                              name="rnn", hidden_size=HIDDEN, direction=direction, **attributes)]
     nodes += [helper.make_node("Identity", [f"{o}_raw"], [o]) for o in outputs]
-    graph = helper.make_graph(nodes, "rnn", inputs, [helper.make_tensor_value_info(
-        o, TensorProto.FLOAT, [None] * (4 if o == "Y" else 3)) for o in outputs], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), feeds
+    return model(nodes, inputs, {o: [None] * (4 if o == "Y" else 3) for o in outputs}, weights, opset=opset), feeds
 
 
-def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime without graph optimizations: optimized, it fuses a body's QDQ MatMul into its u8·s8
-    integer kernel, which on CPUs without VNNI saturates pair sums in int16 (the FQ model is the f32 function)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def samples(model_feeds: dict, count: int = 6) -> list[dict]:
@@ -77,7 +66,7 @@ def test_the_scan_form_computes_the_ops_function(op, direction, initial, opset):
     rewritten = ir.serde.serialize_model(model)
     onnx.checker.check_model(rewritten)
     assert not [n for n in rewritten.graph.node if n.op_type == op]
-    for expected, got in zip(run(proto, feeds), run(rewritten, feeds)):
+    for expected, got in zip(run_ort(proto, feeds), run_ort(rewritten, feeds)):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, atol=1e-6)
 
@@ -98,8 +87,10 @@ def test_what_the_scan_form_does_not_take_stays_an_op_with_its_reason(op, attrib
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_int8_recurrence_quantizes_h_with_the_states_range_and_runs_on_lpts_integers(op):
-    """The FQ model (onnxruntime) and lpt's plan of the int8 graph compute the same function, h·Rᵀ from
-    lpt's exact integers, to float32 rounding; without the option the op stays f32 and nothing differs."""
+    """The FQ model (onnxruntime, its graph optimizations off: on, it fuses a body's QDQ MatMul into its
+    u8·s8 kernel, which saturates pair sums on CPUs without VNNI) and lpt's plan of the int8 graph compute
+    the same function, h·Rᵀ from lpt's exact integers, to float32 rounding; without the option the op
+    stays f32."""
     proto, feeds = recurrent_model(op, "bidirectional")
     data = samples(feeds)
     plain = quantize(ir.serde.deserialize_model(proto), data, batch_axes=axes(feeds), overflow_fix="none")
@@ -117,13 +108,13 @@ def test_int8_recurrence_quantizes_h_with_the_states_range_and_runs_on_lpts_inte
         ops = [n.op_type for n in body.node]
         assert ops.count("QuantizeLinear") == 1  # one h, read by every gate's MatMul
         assert ops.count("DequantizeLinear") == 1 + (4 if op == "LSTM" else 3)
-    fq_outputs = run(fq_proto, feeds)
+    fq_outputs = run_ort(fq_proto, feeds)
     scan_steps = [s for s in result.plan.steps if s.op_types == ("Scan",)]
     assert len(scan_steps) == 2 and all(s.backend == "int8 kernel" for s in scan_steps)
     ours = result.plan.run(feeds)
     for name, theirs in zip([o.name for o in fq_proto.graph.output], fq_outputs):
         np.testing.assert_allclose(ours[name], theirs, atol=2e-5)
-    fp32 = run(proto, feeds)
+    fp32 = run_ort(proto, feeds)
     error = max(np.abs(a - b).max() for a, b in zip(fp32, fq_outputs))
     assert 1e-4 < error < 0.1  # quantized, and close
 
@@ -140,15 +131,15 @@ def test_the_int8_recurrence_with_numpys_kernels_is_the_native_ones():
 
 def test_the_cli_option_and_combinations_it_refuses(tmp_path):
     proto, feeds = recurrent_model("GRU", initial=False)
-    model = tmp_path / "gru.onnx"
-    model.write_bytes(proto.SerializeToString())
+    path = tmp_path / "gru.onnx"
+    path.write_bytes(proto.SerializeToString())
     np.savez(tmp_path / "gru.npz", X=np.concatenate([s["X"] for s in samples(feeds)], axis=1))
-    result = CliRunner().invoke(main, ["quantize", str(model), "--int8-recurrent", "--batch-axis", "X=1",
+    result = CliRunner().invoke(main, ["quantize", str(path), "--int8-recurrent", "--batch-axis", "X=1",
                                        "--overflow-fix", "none"])
     assert result.exit_code == 0, result.output
     assert "int8 recurrence: rnn (GRU) as rnn/direction0/Scan" in result.output
     assert any(n.op_type == "Scan" for n in onnx.load(tmp_path / "gru.fq.onnx").graph.node)
-    refused = CliRunner().invoke(main, ["quantize", str(model), "--int8-recurrent", "--batch-axis", "X=1",
+    refused = CliRunner().invoke(main, ["quantize", str(path), "--int8-recurrent", "--batch-axis", "X=1",
                                         "--min-sqnr", "30", "--force"])
     assert refused.exit_code != 0 and "--int8-recurrent cannot be combined" in refused.output
     assert "Traceback" not in refused.output
