@@ -1,7 +1,8 @@
 """Which tensors get a FakeQuantize, and where (NNCF-style quantizer propagation).
 
     Conv/ConvTranspose/MatMul/Gemm     FQ on the activation input(s) and the weight (per output channel)
-    Add/Mul of two quantized branches   FQ on both inputs
+    Add/Mul of two quantized branches   FQ on both inputs (not where both are functions of one
+                                        tensor: x·x, a tanh-GELU's x + c·x³)
     Concat feeding quantized consumers  FQ on each input, one range shared by all of them
 
 An activation request moves up through precision-preserving ops (MaxPool, Reshape, Flatten,
@@ -210,6 +211,10 @@ class _Placer:
         for v in inputs:
             if not self._from_quantized_branch(v):
                 return self._skip(node, f"input {v.name!r} does not come from a quantized branch")
+        source = _pointwise_source(inputs[0])
+        if source is _pointwise_source(inputs[1]):
+            return self._skip(node, f"both inputs are functions of {source.name!r} (x·x, x + c·x³): "
+                                    "an int8 product of one tensor with itself gains no speed and costs accuracy")
         self._request(node, 0)
         self._request(node, 1)
         self.quantized.add(node)
@@ -514,6 +519,22 @@ def _pads_with_zero(node: ir.Node) -> bool:
         value = const_array(node.inputs[2])
         return value is not None and not value.any()
     return "value" not in node.attributes or node.attributes["value"].value == 0.0
+
+
+def _pointwise_source(value: ir.Value, depth: int = 0) -> ir.Value:
+    """The tensor `value` is computed from alone, through constant scales and biases and Add/Mul of
+    such functions of it (x → c·x → x·(c·x) in a tanh-GELU's x + 0.044715·x³); else `value` itself."""
+    node = value.producer()
+    if node is None or depth > 16 or node.op_type not in _AFFINE_OPS:
+        return value
+    data = _affine_input(node)
+    if data is not None:
+        return _pointwise_source(node.inputs[data], depth + 1)
+    if node.op_type in ELEMENTWISE_OPS and len(node.inputs) == 2 and all(v is not None for v in node.inputs):
+        first, second = (_pointwise_source(v, depth + 1) for v in node.inputs)
+        if first is second:
+            return first
+    return value
 
 
 def _affine_input(node: ir.Node) -> int | None:

@@ -137,6 +137,26 @@ def test_a_bias_add_after_a_matmul_keeps_its_output_a_quantized_branch():
     assert acts == {"x": ["ma", "mb"], "a": ["y"], "b": ["y"]} and skipped == []
 
 
+def test_a_tanh_gelu_of_a_layer_output_gets_no_fq_pair_inside():
+    """0.5·x·(1 + tanh(c·(x + 0.044715·x³))) as jax2tf writes it: x·(k·x), x·that, x + that are
+    functions of x alone, so their operands stay f32 (the Add of two layers still gets its pair)."""
+    n = Net()
+    x = n.op("Add", [n.op("MatMul", ["i", n.weight("w", (4, 4))], "m"), n.const("b", [0.1] * 4)], "x")
+    square = n.op("Mul", [x, n.op("Mul", [n.const("k", 0.044715), x], "kx")], "square")
+    cube = n.op("Mul", [x, square], "cube")
+    inner = n.op("Add", [x, cube], "inner")
+    t = n.op("Tanh", [n.op("Mul", [n.const("c", 0.79788456), inner], "scaled")], "t")
+    half = n.op("Mul", [n.const("h", 0.5), n.op("Add", [n.const("one", 1.0), t], "plus_one")], "half")
+    gelu = n.op("Mul", [x, half], "gelu")
+    n.op("Add", [n.op("MatMul", [gelu, n.weight("w2", (4, 4))], "m2"), x], "y")
+    acts, _, skipped = fqs(n.build({"i": [2, 4]}, ["y"]))
+    assert acts == {"i": ["m"], "gelu": ["m2"], "m2": ["y"], "x": ["y"]}
+    reasons = {node: reason for node, _, reason in skipped}
+    assert set(reasons) == {"square", "cube", "inner", "gelu"}
+    assert reasons["square"].startswith("both inputs are functions of 'm'")  # x = m + b
+    assert reasons["gelu"] == "input 'half' does not come from a quantized branch"
+
+
 def test_add_of_a_bias_constant_is_not_a_candidate():
     n = Net()
     m = n.op("MatMul", ["x", n.weight("w", (4, 3))], "m")
