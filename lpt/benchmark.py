@@ -54,10 +54,14 @@ class BenchResult:
 
 
 SETTLE_SECONDS = 0.1  # the pause before each block: spinning workers of the engine before have stopped
+# A block runs at least this long: a model of 0.05 ms would otherwise be timed on the first two calls
+# after a pause, which measures waking up (caches, threads) more than the model.
+MIN_BLOCK_SECONDS = 0.02
 
 
 def median_ms_in_turns(engines: dict[str, Callable[[], object]], repeats: int, rounds: int = 5) -> dict[str, float]:
-    """Median milliseconds per call of each engine, the engines taking turns in `rounds` blocks."""
+    """Median milliseconds per call of each engine, the engines taking turns in `rounds` blocks of at
+    least `repeats` / `rounds` calls and MIN_BLOCK_SECONDS each."""
     rounds = max(1, min(rounds, repeats))
     times: dict[str, list[float]] = {name: [] for name in engines}
     for round_ in range(rounds):
@@ -65,10 +69,12 @@ def median_ms_in_turns(engines: dict[str, Callable[[], object]], repeats: int, r
         for name, function in engines.items():
             time.sleep(SETTLE_SECONDS)
             function()  # warm: caches, and the thread pool awake
-            for _ in range(block):
+            calls, began = 0, time.perf_counter()
+            while calls < block or time.perf_counter() - began < MIN_BLOCK_SECONDS:
                 start = time.perf_counter()
                 function()
                 times[name].append((time.perf_counter() - start) * 1e3)
+                calls += 1
     return {name: statistics.median(t) for name, t in times.items()}
 
 
