@@ -6,6 +6,7 @@ import pytest
 from onnx import helper
 
 import lpt
+from lpt import kernels
 from lpt.backend import compile_model
 from lpt.crosscheck import run_onnxruntime
 from lpt.normalize import normalize
@@ -271,14 +272,9 @@ def test_a_layer_norm_written_out_is_lpts():
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
 
 
-@pytest.mark.parametrize("operands", ["as paddle writes them", "swapped"])
-def test_a_gelu_written_out_is_one_step_with_the_bits_of_its_five_ops(operands):
-    """Div(x, √2) → Erf → Add(1) → Mul(x) → Mul(0.5) between two int8 layers (PaddleOCR's exports): one
-    float32 step and one instruction of the layers' native program, with the bits of the five ops one
-    by one (lpt's erf), whichever side of an Add or a Mul the operands take."""
-    import lpt.native
-
-    swap = operands == "swapped"
+def gelu_between_two_layers(swap: bool, layer_output_read_elsewhere: bool):
+    """Div(x, √2) → Erf → Add(1) → Mul(x) → Mul(0.5) between two int8 layers (PaddleOCR's exports), the
+    operands of its Add and Muls on either side; with `layer_output_read_elsewhere`, x is a model output too."""
     g = Graph()
     x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 16), axis=1)])
     e = g.op("Erf", [g.op("Div", [x, g.const(np.float32(1.4142135))])])
@@ -287,16 +283,45 @@ def test_a_gelu_written_out_is_one_step_with_the_bits_of_its_five_ops(operands):
     product = g.op("Mul", [shifted, x] if swap else [x, shifted])
     y = g.op("Mul", [half, product] if swap else [product, half])
     g.op("MatMul", [g.fq(y, 0.05, np.uint8(10)), g.weight((16, 4), axis=1)], name="y")
-    _, fq_model = g.build({"x": [3, 8]}, ["y"])
+    _, fq_model = g.build({"x": [64, 8]}, ["y", x] if layer_output_read_elsewhere else ["y"])
     int8 = lpt.clone(fq_model)
     lpt.transform(int8)
+    return fq_model, int8
+
+
+@pytest.mark.parametrize("operands", ["as paddle writes them", "swapped"])
+def test_a_gelu_written_out_is_one_step_with_the_bits_of_its_five_ops(operands):
+    """A GELU whose input is also read elsewhere: one float32 step and one instruction of the layers'
+    native program, with the bits of the five ops one by one (lpt's erf)."""
+    import lpt.native
+
+    fq_model, int8 = gelu_between_two_layers(operands == "swapped", layer_output_read_elsewhere=True)
     plan = compile_model(int8)
     [step] = [s for s in plan.steps if "Erf" in s.op_types]
     assert step.op_types == ("Div", "Erf", "Add", "Mul", "Mul") and step.native[0] == "gelu"
     if lpt.native.available():
         assert len(plan.run_steps) == 1 and plan.run_steps[0].engine == "native program"
-    x_values = RNG.uniform(-3, 3, (3, 8)).astype(np.float32)
+    x_values = RNG.uniform(-3, 3, (64, 8)).astype(np.float32)
     ours = plan.run({"x": x_values})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x_values})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
+
+
+@pytest.mark.parametrize("operands", ["as paddle writes them", "swapped"])
+def test_a_gelu_read_by_a_quantize_alone_is_the_layers_post_op_with_the_same_bits(operands):
+    """The same GELU, its input read by nothing else: a post-op of the layer's output stage, so the layer
+    writes 8-bit values instead of float32 ones for the GELU to read; the values are those of the GELU
+    as its own step, bit for bit, on the engine and on the NumPy kernels."""
+    swap = operands == "swapped"
+    fq_model, int8 = gelu_between_two_layers(swap, layer_output_read_elsewhere=False)
+    plan = compile_model(int8)
+    [step] = [s for s in plan.steps if "Erf" in s.op_types]
+    assert step.op_types[:3] == ("MatMulInteger", "Cast", "Mul") and step.op_types[-1] == "QuantizeLinear"
+    assert step.layer.post_ops == (kernels.Gelu(np.float32(1.4142135), 1.0, 0.5),)
+    _, separate = gelu_between_two_layers(swap, layer_output_read_elsewhere=True)
+    x_values = RNG.uniform(-3, 3, (64, 8)).astype(np.float32)
+    ours = plan.run({"x": x_values})["y"]
+    np.testing.assert_array_equal(ours, compile_model(separate).run({"x": x_values})["y"])
     np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x_values})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
 

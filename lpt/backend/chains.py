@@ -1,9 +1,9 @@
 """Reading an int8 graph's fused chains into data (lpt.backend.step), once, for everyone who needs them.
 
     ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)]
-        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
+        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|GELU|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
                                                                                        an Int8Layer
-    (Max and Min with one scalar constant, which are clips.)
+    (Max and Min with one scalar constant, which are clips; GELU's five ops, read_gelu.)
     QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
 
 A chain is followed only through values with a single reader that is not a graph output: what
@@ -112,6 +112,11 @@ def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
         if next_op is None:
             next_op, between = _next(last.outputs[0], ("FakeQuantize",), "lpt")
         read = between[-1].outputs[0] if between else last.outputs[0]
+        if next_op is None and (gelu := _gelu_of(read)) is not None:
+            post_ops.append(gelu[0])
+            nodes += between + gelu[1]
+            last = gelu[1][-1]
+            continue
         if next_op is None or (post_op := read_post_op(next_op, read)) is None:
             break
         post_ops.append(post_op)
@@ -170,6 +175,45 @@ def read_post_op(node: ir.Node, value: ir.Value | None = None) -> kernels.PostOp
         c = float(np.float32(bound.reshape(())))
         return kernels.Clip(c, np.inf) if node.op_type == "Max" else kernels.Clip(-np.inf, c)
     return None
+
+
+def read_gelu(div: ir.Node) -> tuple[kernels.Gelu, list[ir.Node]] | None:
+    """Div(x, d) → Erf → Add(1) → Mul(x) → Mul(0.5), as PaddlePaddle's exporter writes GELU, with the same
+    float32 operations in the same order as kernels.Gelu (an Add's or a Mul's operands in either order: both
+    are commutative, bit for bit): the Gelu and its five nodes, or None for any other shape of it."""
+    x, divisor = div.inputs[0], _scalar(div.inputs[1])
+    chain = [div]
+    for op_type in ("Erf", "Add", "Mul", "Mul"):
+        chain.append(only_consumer(chain[-1].outputs[0], (op_type,)))
+        if chain[-1] is None:
+            return None
+    _, erf_node, add, multiply, halve = chain
+    if divisor is None:
+        return None
+    one = _scalar(add.inputs[1] if add.inputs[0] is erf_node.outputs[0] else add.inputs[0])
+    other = multiply.inputs[1] if multiply.inputs[0] is add.outputs[0] else multiply.inputs[0]
+    half = _scalar(halve.inputs[1] if halve.inputs[0] is multiply.outputs[0] else halve.inputs[0])
+    if one is None or half is None or other is not x or halve.outputs[0].dtype != ir.DataType.FLOAT:
+        return None
+    return kernels.Gelu(divisor, one, half), chain
+
+
+def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
+    """The GELU of `value` as a post-op: its Div and its Mul by x read `value`, and nothing else does."""
+    readers = list(value.consumers())
+    div = next((n for n in readers if n.op_type == "Div" and n.inputs[0] is value), None)
+    found = read_gelu(div) if div is not None and not value.is_graph_output() else None
+    if found is None or len(readers) != 2 or found[1][3] not in readers:
+        return None
+    return found
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    """A constant float32 holding one value, as a float (the float32's value exactly), else None."""
+    array = const_array(value) if value is not None else None
+    if array is None or array.size != 1 or array.dtype != np.float32:
+        return None
+    return float(array.reshape(()))
 
 
 def _optional_bound(node: ir.Node, index: int, default: float) -> np.ndarray | None:

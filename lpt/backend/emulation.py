@@ -100,7 +100,7 @@ class SaturatingLayer:
         only, elementwise post-ops, a per-tensor destination (or none)."""
         layer = self.layer
         return ((layer.destination is None or layer.destination.output_stage_destination() is not None)
-                and all(isinstance(op, (kernels.Relu, kernels.Clip, kernels.LeakyRelu, kernels.Sigmoid)) for op in layer.post_ops))
+                and all(isinstance(op, kernels.ELEMENTWISE_POST_OPS) for op in layer.post_ops))
 
     def _sparse(self, exact: np.ndarray, corrections: np.ndarray) -> np.ndarray:
         """The saturated output, its statistics counted on the rows (one output position, every channel)

@@ -43,7 +43,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import only_consumer, read_post_op
+from lpt.backend.chains import read_gelu, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -127,33 +127,13 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
 
 
 def _gelu(div: ir.Node) -> tuple | None:
-    """Div(x, d) → Erf → Add(1) → Mul(x) → Mul(0.5), as PaddlePaddle's exporter writes GELU: one step and one
-    pass over the tensor instead of five, with the same float32 operations in the same order (an Add's or a
-    Mul's operands in either order: both are commutative, bit for bit). None for any other shape of it."""
-    x, divisor = div.inputs[0], _scalar(div.inputs[1])
-    chain = [div]
-    for op_type in ("Erf", "Add", "Mul", "Mul"):
-        chain.append(only_consumer(chain[-1].outputs[0], (op_type,)))
-        if chain[-1] is None:
-            return None
-    _, erf_node, add, multiply, halve = chain
-    if divisor is None:
+    """GELU's five ops (chains.read_gelu) as one step and one pass over the tensor."""
+    found = read_gelu(div)
+    if found is None:
         return None
-    one = _scalar(add.inputs[1] if add.inputs[0] is erf_node.outputs[0] else add.inputs[0])
-    other = multiply.inputs[1] if multiply.inputs[0] is add.outputs[0] else multiply.inputs[0]
-    half = _scalar(halve.inputs[1] if halve.inputs[0] is multiply.outputs[0] else halve.inputs[0])
-    if one is None or half is None or other is not x or halve.outputs[0].dtype != _FLOAT:
-        return None
-    return _step(lambda a: [kernels.gelu(a, divisor, one, half)], [x], chain, native=("gelu", (divisor, one, half)),
+    op, chain = found
+    return _step(lambda a: [op.apply(a)], [div.inputs[0]], chain, native=("gelu", (op.divisor, op.one, op.half)),
                  backend=BACKEND)
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    """A constant float32 holding one value, as a float (the float32's value exactly), else None."""
-    array = const_array(value) if value is not None else None
-    if array is None or array.size != 1 or array.dtype != np.float32:
-        return None
-    return float(array.reshape(()))
 
 
 def _concat(node: ir.Node) -> tuple | None:

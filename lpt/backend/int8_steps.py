@@ -155,10 +155,9 @@ def native_layer_function(layer: Int8Layer, threads: int = 0):
     destination = layer.destination
     if destination is not None and not destination.is_per_tensor:
         return None, ""
-    # The engine's output stage takes Relu, Clip, LeakyRelu and Sigmoid; from the first other post-op on
-    # (a Sum, a FakeQuantize), the step finishes in numpy on the engine's f32 values, as kernels.output_stage does.
-    first_other = next((i for i, op in enumerate(layer.post_ops)
-                        if not isinstance(op, (kernels.Relu, kernels.Clip, kernels.LeakyRelu, kernels.Sigmoid))),
+    # The engine's output stage takes the elementwise post-ops; from the first other post-op on (a Sum, a
+    # FakeQuantize), the step finishes in numpy on the engine's f32 values, as kernels.output_stage does.
+    first_other = next((i for i, op in enumerate(layer.post_ops) if not isinstance(op, kernels.ELEMENTWISE_POST_OPS)),
                        len(layer.post_ops))
     in_engine, tail = layer.post_ops[:first_other], layer.post_ops[first_other:]
     stage = dict(multiplier=layer.multiplier, bias=layer.bias, post_ops=in_engine, threads=threads)

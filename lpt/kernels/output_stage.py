@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lpt.kernels.float_ops import gelu
 from lpt.kernels.quantize import broadcast_along, integer_container, quantize, round_to_range
 from lpt.numerics import fake_quantize
 from lpt.numerics.exp import sigmoid
@@ -66,6 +67,19 @@ class Sigmoid:
         return sigmoid(x)
 
 
+@dataclass(frozen=True)
+class Gelu:
+    """x = x·(erf(x / divisor) + one)·half in f32, as lpt.kernels.gelu computes GELU's five ops
+    (Div, Erf, Add, Mul, Mul) and the native engine's to the bit."""
+
+    divisor: float
+    one: float
+    half: float
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return gelu(x, self.divisor, self.one, self.half)
+
+
 @dataclass(frozen=True, eq=False)  # eq=False: an ndarray field has no boolean ==
 class Sum:
     """x = x + other: oneDNN's sum / binary-add post-op, with another f32 tensor broadcastable to x."""
@@ -95,7 +109,9 @@ class FakeQuantize:
         return fake_quantize(x, self.input_low, self.input_high, self.output_low, self.output_high, self.levels)
 
 
-PostOp = Relu | Clip | LeakyRelu | Sigmoid | Sum | FakeQuantize
+PostOp = Relu | Clip | LeakyRelu | Sigmoid | Gelu | Sum | FakeQuantize
+# The post-ops that act on each value alone: lpt's native output stage computes these.
+ELEMENTWISE_POST_OPS = (Relu, Clip, LeakyRelu, Sigmoid, Gelu)
 
 
 def dequantization_multiplier(src_scale, weight_scale) -> np.ndarray:

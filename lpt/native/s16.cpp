@@ -81,7 +81,7 @@ constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, ti
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
     int64_t count = 0;
-    bool sigmoid[MAX_POST_OPS], leaky[MAX_POST_OPS];
+    bool sigmoid[MAX_POST_OPS], gelu[MAX_POST_OPS], leaky[MAX_POST_OPS];
     __m256 slope[MAX_POST_OPS], low[MAX_POST_OPS], high[MAX_POST_OPS];
 };
 
@@ -91,6 +91,7 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     for (int64_t k = 0; k < v.count; ++k) {
         const float *op = e.post_ops + POST_OP_FIELDS * k;
         v.sigmoid[k] = op[0] == SIGMOID;
+        v.gelu[k] = op[0] == GELU;
         v.leaky[k] = op[1] != 1.0f;
         v.slope[k] = _mm256_set1_ps(op[1]);
         v.low[k] = _mm256_set1_ps(op[2]);
@@ -99,8 +100,8 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     return v;
 }
 
-// x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, or a LeakyRelu's x < 0 ? x·slope : x
-// then its clip
+// x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, a GELU (slope, low, high: divisor,
+// one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip
 __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, const VectorPostOps &ops, __m256i acc,
                                                           __m256 multiplier, __m256 bias) {
     __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), multiplier);
@@ -108,6 +109,11 @@ __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, co
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
             x = lpt_exp::sigmoid_lanes(x);
+            continue;
+        }
+        if (ops.gelu[k]) {
+            const __m256 erf = lpt_exp::erf_lanes(_mm256_div_ps(x, ops.slope[k]));
+            x = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_add_ps(erf, ops.low[k])), ops.high[k]);
             continue;
         }
         if (ops.leaky[k])

@@ -8,13 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, LeakyRelu, Relu, Sigmoid
+from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.reference import conv_reference, output_stage_reference
 
 # Every exact route on this CPU (the one this process takes among them), and the split route
 # always: it is the one a CPU without VNNI runs, and CI may have VNNI.
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
+
+GELU = Gelu(1.4142135, 1.0, 0.5)  # x·(erf(x / √2) + 1)·0.5, PaddleOCR's
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -105,7 +107,7 @@ DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
 
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=conv_cases(), destination=st.sampled_from(DESTINATIONS), per_channel=st.booleans(),
-       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2), Sigmoid()]),
+       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2), Sigmoid(), GELU]),
                                                    max_size=2))
 @settings(max_examples=40, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, destination, per_channel, bias, post_ops):
@@ -169,3 +171,21 @@ def test_a_sigmoid_head_in_both_layouts(route):
     expected = output_stage(acc, multiplier, bias, (Sigmoid(),))
     assert same_bits(conv(src), expected)
     assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_gelu_into_uint8_in_both_layouts(route):
+    """Conv → GELU → QuantizeLinear (PaddleOCR's blocks) as one output stage: the scalar stage (channels-first)
+    and the eight-lane one (channels-last, and s16's tiles) give the bits of lpt.kernels.gelu, then its levels."""
+    rng = np.random.default_rng(12)
+    weights = rng.integers(-128, 128, (40, 6, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (2, 6, 9, 7)).astype(np.uint8)
+    multiplier, bias = np.float32(1e-3), rng.normal(0, 2, 40).astype(np.float32)
+    for destination in [dict(), dict(dst_scale=np.float32(0.02), dst_zero_point=10, dst_dtype=np.uint8)]:
+        conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, multiplier=multiplier, bias=bias,
+                               post_ops=(GELU,), route=route, threads=2, **destination)
+        acc = conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32)
+        expected = output_stage(acc, multiplier, bias, (GELU,), destination.get("dst_scale"),
+                                np.int32(destination.get("dst_zero_point", 0)), 0, 255)
+        assert same_bits(conv(src), expected)
+        assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)

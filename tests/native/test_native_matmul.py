@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, LeakyRelu, Relu, Sigmoid
+from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.matmul import matmul_accumulate
 from lpt.kernels.reference import matmul_reference
 
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
+
+GELU = Gelu(1.4142135, 1.0, 0.5)  # x·(erf(x / √2) + 1)·0.5, PaddleOCR's
 
 
 @st.composite
@@ -46,7 +48,7 @@ def test_accumulators_equal_the_reference(route, case):
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=matmul_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid()]), max_size=2))
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), GELU]), max_size=2))
 @settings(max_examples=30, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bias, destination, post_ops):
     src, weights, zero_point, rng = case
@@ -94,7 +96,7 @@ def product_cases(draw):
 
 @given(case=product_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid()]), max_size=2),
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), GELU]), max_size=2),
        threads=st.sampled_from([1, 2]))
 @settings(max_examples=60, deadline=None)
 def test_a_product_of_two_activations_equals_lpts_kernels(case, per_column, bias, destination, post_ops, threads):
