@@ -18,7 +18,7 @@
 // loop (depthwise_block): no reduction over channels to pair, so it pairs taps instead.
 // 3×3 convolutions of stride 1 may run by integer Winograd (each_winograd_tile, s16.h says why it
 // is exact): the source and the weights transformed, 16 products per 2×2 block by the same tile
-// kernel, the outputs transformed back before the output stage.
+// kernel, the outputs transformed back before the output stage; dilated ones phase by phase.
 
 #include "s16.h"
 #include "exp.h"
@@ -255,7 +255,8 @@ namespace {
 constexpr int64_t RUN_TILES = 8;
 
 // Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
-// position, count, first channel, valid channels) as soon as it is done.
+// position, count, step from one position to the next, first channel, valid channels) as soon as it
+// is done.
 template <typename Sink>
 void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int threads, const Sink &sink) {
@@ -281,7 +282,7 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
             }
             TILES[in_tile](starts, packed + b * block_size, walk, acc + t * LANES);
         }
-        sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+        sink(acc, n * positions + first, count, 1, b * LANES, std::min(LANES, g.out_channels - b * LANES));
     });
 }
 
@@ -336,7 +337,7 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
             depthwise_block(window, packed + b * block_size, tap_offsets, pairs, acc + j * LANES);
             if (++ox == out_w) ox = 0, ++oy;
         }
-        sink(acc, n * positions + first, count, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+        sink(acc, n * positions + first, count, 1, b * LANES, std::min(LANES, g.out_channels - b * LANES));
     });
 }
 
@@ -344,18 +345,28 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
 
 bool winograd_fits(const Geometry &g) {
     // below 16 channels the transforms, 16 channels at a time, cost more than the products they save
-    return g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
-           g.dilation_w == 1 && g.in_channels >= 16 && g.in_channels <= WINOGRAD_MAX_CHANNELS;
+    return g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 && g.in_channels >= 16 &&
+           g.in_channels <= WINOGRAD_MAX_CHANNELS;
 }
 
+namespace {
+// A dilated convolution is dilation_h·dilation_w undilated ones: the outputs whose row is ph modulo
+// dilation_h and whose column is pw modulo dilation_w read only the source's rows and columns of the
+// same phases. Each phase's outputs are a map of this many rows (or columns), some phases one fewer.
+int64_t phase_side(int64_t out_side, int64_t dilation) { return (out_side + dilation - 1) / dilation; }
+}  // namespace
+
 bool winograd_pays(const Geometry &g, int64_t h, int64_t w) {
-    return g.out_h(h) >= WINOGRAD_MIN_SIDE && g.out_w(w) >= WINOGRAD_MIN_SIDE;
+    return g.out_h(h) / g.dilation_h >= WINOGRAD_MIN_SIDE && g.out_w(w) / g.dilation_w >= WINOGRAD_MIN_SIDE;
 }
 
 Geometry winograd_widening(const Geometry &g, int64_t h, int64_t w) {
+    // The last phase's last 2×2 block reads up to row dilation_h·(2·blocks + 2) − 1 (and so for columns).
+    const int64_t blocks_h = (phase_side(g.out_h(h), g.dilation_h) + 1) / 2,
+                  blocks_w = (phase_side(g.out_w(w), g.dilation_w) + 1) / 2;
     Geometry wider = g;
-    wider.pad_bottom += g.out_h(h) & 1;
-    wider.pad_right += g.out_w(w) & 1;
+    wider.pad_bottom += std::max<int64_t>(0, g.dilation_h * (2 * blocks_h + 2) - (h + g.pad_top + g.pad_bottom));
+    wider.pad_right += std::max<int64_t>(0, g.dilation_w * (2 * blocks_w + 2) - (w + g.pad_left + g.pad_right));
     return wider;
 }
 
@@ -389,20 +400,23 @@ PackedWeights pack_winograd_weights(const int8_t *weights, const Geometry &g) {
 
 namespace {
 
-// B^T·d·B of the 4×4 window d of 2×2 block `tile` (row-major over images, rows of blocks, blocks) of
-// the widened source, per channel, into out[component·component_stride + c]: 16 channels at a time
-// (stride = c2 rounded up to 16; the lanes past c2 are computed from whatever follows, the next pixel
-// or widen()'s slack, and never read).
+// B^T·d·B of the 4×4 window d of 2×2 block `tile` (row-major over images and their phases, rows of
+// blocks, blocks; phase_side says what a phase is) of the widened source, per channel, into
+// out[component·component_stride + c]: 16 channels at a time (stride = c2 rounded up to 16; the lanes
+// past c2 are computed from whatever follows, the next pixel or widen()'s slack, and never read).
 __attribute__((target("avx2"))) void transform_tile(const int16_t *wide, int64_t c2, int64_t stride, int64_t hp,
-                                                    int64_t wp, int64_t tiles_h, int64_t tiles_w, int64_t tile,
-                                                    int16_t *out, int64_t component_stride) {
-    const int64_t n = tile / (tiles_h * tiles_w), ty = tile / tiles_w % tiles_h, tx = tile % tiles_w;
-    const int16_t *origin = wide + ((n * hp + 2 * ty) * wp + 2 * tx) * c2;
+                                                    int64_t wp, int64_t dh, int64_t dw, int64_t tiles_h,
+                                                    int64_t tiles_w, int64_t tile, int16_t *out,
+                                                    int64_t component_stride) {
+    const int64_t phase = tile / (tiles_h * tiles_w), n = phase / (dh * dw), ph = phase / dw % dh, pw = phase % dw;
+    const int64_t ty = tile / tiles_w % tiles_h, tx = tile % tiles_w;
+    const int16_t *origin = wide + ((n * hp + ph + 2 * ty * dh) * wp + pw + 2 * tx * dw) * c2;
     for (int64_t c = 0; c < stride; c += LANES) {
         __m256i d[4][4], r[4][4];
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j)
-                d[i][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(origin + (i * wp + j) * c2 + c));
+                d[i][j] = _mm256_loadu_si256(
+                    reinterpret_cast<const __m256i *>(origin + (i * dh * wp + j * dw) * c2 + c));
         for (int j = 0; j < 4; ++j) {
             r[0][j] = _mm256_sub_epi16(d[0][j], d[2][j]);
             r[1][j] = _mm256_add_epi16(d[1][j], d[2][j]);
@@ -453,8 +467,9 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
                         int64_t w, int threads, const Sink &sink) {
     const Geometry wg = winograd_widening(g, h, w);
     const int64_t c2 = g.padded_channels(), hp = h + wg.pad_top + wg.pad_bottom, wp = w + wg.pad_left + wg.pad_right;
-    const int64_t out_h = g.out_h(h), out_w = g.out_w(w), tiles_h = (out_h + 1) / 2, tiles_w = (out_w + 1) / 2;
-    const int64_t tiles = images * tiles_h * tiles_w, stride = (c2 + LANES - 1) / LANES * LANES;
+    const int64_t dh = g.dilation_h, dw = g.dilation_w, out_h = g.out_h(h), out_w = g.out_w(w);
+    const int64_t tiles_h = (phase_side(out_h, dh) + 1) / 2, tiles_w = (phase_side(out_w, dw) + 1) / 2;
+    const int64_t tiles = images * dh * dw * tiles_h * tiles_w, stride = (c2 + LANES - 1) / LANES * LANES;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, component_size = blocks * c2 * LANES;
     const int64_t groups = (tiles + TILE - 1) / TILE;
     const Walk walk{1, 0, 1, 0, c2 / 2};
@@ -474,11 +489,13 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         for (int64_t j = 0, run; j < count; j += run) {  // the blocks of one row of blocks, side by side
             const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
             run = std::min(count - j, tiles_w - tx);
-            const int64_t n = row_of_tiles / tiles_h, ty = row_of_tiles % tiles_h;
-            const int64_t x0 = 2 * tx, valid_x = std::min(2 * run, out_w - x0);
-            for (int64_t row = 0; row < 2 && 2 * ty + row < out_h; ++row)
-                sink(y[row] + 2 * j * LANES, (n * out_h + 2 * ty + row) * out_w + x0, valid_x, b * LANES,
-                     std::min(LANES, g.out_channels - b * LANES));
+            const int64_t phase = row_of_tiles / tiles_h, ty = row_of_tiles % tiles_h;
+            const int64_t n = phase / (dh * dw), ph = phase / dw % dh, pw = phase % dw;
+            // the phase's columns x0, x0 + 1, … are the output's pw + dw·x0, pw + dw·(x0 + 1), …
+            const int64_t x0 = 2 * tx, valid_x = std::min(2 * run, phase_side(out_w - pw, dw) - x0);
+            for (int64_t row = 0; row < 2 && ph + dh * (2 * ty + row) < out_h && valid_x > 0; ++row)
+                sink(y[row] + 2 * j * LANES, (n * out_h + ph + dh * (2 * ty + row)) * out_w + pw + dw * x0, valid_x,
+                     dw, b * LANES, std::min(LANES, g.out_channels - b * LANES));
         }
     };
     if (blocks * LANES < tiles) {
@@ -496,7 +513,7 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
                 const int64_t first_group = r * few, last_group = std::min(groups, first_group + few);
                 for (int64_t tile = first_group * TILE; tile < std::min(tiles, last_group * TILE); ++tile) {
                     const int64_t group = tile / TILE - first_group, j = tile % TILE;
-                    transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile,
+                    transform_tile(wide, c2, stride, hp, wp, dh, dw, tiles_h, tiles_w, tile,
                                    source.data() + (group * 16 * TILE + j) * stride, TILE * stride);
                 }
                 for (int64_t b = 0; b < blocks; ++b)
@@ -512,7 +529,7 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
     transformed.resize(16 * tiles * stride);
     int16_t *v = transformed.data();  // read by the loop's threads, each of which has its own thread_local
     lpt_parallel::for_each(16 * tiles * stride >= PARALLEL_WORK ? threads : 1, tiles, [=](int64_t tile) {
-        transform_tile(wide, c2, stride, hp, wp, tiles_h, tiles_w, tile, v + tile * stride, tiles * stride);
+        transform_tile(wide, c2, stride, hp, wp, dh, dw, tiles_h, tiles_w, tile, v + tile * stride, tiles * stride);
     });
     lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, blocks * groups, [=](int64_t task) {
         const int64_t b = task / groups, group = task % groups;
@@ -605,9 +622,9 @@ namespace {
 template <typename Walk>
 void write_accumulators(const Walk &walk, const Geometry &g, int32_t *acc) {
     const int64_t oc = g.out_channels;
-    walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
+    walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t step, int64_t c0, int64_t valid) {
         for (int64_t j = 0; j < count; ++j)
-            std::memcpy(acc + (position + j) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
+            std::memcpy(acc + (position + j * step) * oc + c0, tile_acc + j * LANES, valid * sizeof(int32_t));
     });
 }
 
@@ -616,8 +633,8 @@ template <typename Walk>
 void write_staged(const Walk &walk, const Geometry &g, const Epilogue &e, void *out) {
     const int64_t oc = g.out_channels;
     auto staged = [&](auto *typed) {
-        walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t c0, int64_t valid) {
-            stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, oc);
+        walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t step, int64_t c0, int64_t valid) {
+            stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, step * oc);
         });
     };
     switch (e.type) {

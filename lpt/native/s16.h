@@ -110,7 +110,9 @@ void pack_product_operand(const uint8_t *b, bool b_signed, int zero_point, int64
 void product_row(const int16_t *a_pairs, const int16_t *packed, int64_t k, int64_t n, int32_t *row);
 
 // 3×3 convolutions of stride 1 and at least 16 channels by Winograd's F(2×2, 3×3) in integers,
-// exactly: each 2×2 block of outputs costs 16 products per channel pair instead of 36. Scaled by 2,
+// exactly: each 2×2 block of outputs costs 16 products per channel pair instead of 36. A dilated one
+// runs as one undilated convolution per phase (the outputs whose row and column are the same modulo
+// the dilations read only source rows and columns of that phase): the same sums. Scaled by 2,
 // the transforms have only integer coefficients: the source's transform B^T·d·B adds at most 4
 // values of [−255, 255] (|v| ≤ 1020) and the weights' (2G)·g·(2G)^T at most 9 of [−128, 127]
 // (|u| ≤ 1152), both int16, and each pair of products (≤ 2·1020·1152) fits int32. Sums wrap modulo
@@ -118,14 +120,14 @@ void product_row(const int16_t *a_pairs, const int16_t *packed, int64_t k, int64
 // in_channels ≤ WINOGRAD_MAX_CHANNELS (4·C·9·255·128 < 2^31); the division by 4 is then exact too.
 constexpr int64_t WINOGRAD_MAX_CHANNELS = 1824;
 bool winograd_fits(const Geometry &g);
-// Whether Winograd beats the direct kernel on this source: on maps smaller than 4×4 its transforms
-// and its weights, 16/9 the direct kernel's, cost more than the products saved (measured on a Zen 3,
-// 512 channels: 1.2× slower at 2×2, 1.05× at 3×3, 0.6–0.8× from 4×4 on).
+// Whether Winograd beats the direct kernel on this source: on maps smaller than 4×4 (a phase's map, when
+// dilated) its transforms and its weights, 16/9 the direct kernel's, cost more than the products saved
+// (measured on a Zen 3, 512 channels: 1.2× slower at 2×2, 1.05× at 3×3, 0.6–0.8× from 4×4 on).
 constexpr int64_t WINOGRAD_MIN_SIDE = 4;
 bool winograd_pays(const Geometry &g, int64_t h, int64_t w);
 PackedWeights pack_winograd_weights(const int8_t *weights, const Geometry &g);
-// The geometry widen() must use for winograd(): one more row and column of zeros where the output's
-// height or width is odd, so every 2×2 block reads a whole 4×4 window.
+// The geometry widen() must use for winograd(): rows and columns of zeros past the source so that every
+// 2×2 block of every phase reads a whole 4×4 window (undilated: one more where the output's side is odd).
 Geometry winograd_widening(const Geometry &g, int64_t h, int64_t w);
 void winograd(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads);
