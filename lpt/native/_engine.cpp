@@ -119,8 +119,10 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
             }
             if (slope != 1.0f)  // LeakyRelu
                 for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < 0.0f ? x[c] * slope : x[c];
-            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] < low ? low : x[c];  // a NaN stays NaN
-            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] > high ? high : x[c];
+            // numpy's maximum(x, low) and minimum(x, high), as kernels.output_stage: a NaN stays NaN, and
+            // where x equals the bound the bound is taken (a GELU's −0 through a Relu is +0)
+            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] <= low ? low : x[c];
+            for (int64_t c = 0; c < channels; ++c) x[c] = x[c] >= high ? high : x[c];
         }
         if constexpr (std::is_same_v<T, float>) {
             for (int64_t c = 0; c < channels; ++c) out[c * out_stride] = x[c];

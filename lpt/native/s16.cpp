@@ -118,8 +118,9 @@ __attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, co
         }
         if (ops.leaky[k])
             x = _mm256_blendv_ps(x, _mm256_mul_ps(x, ops.slope[k]), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
-        x = _mm256_max_ps(ops.low[k], x);   // x < low ? low : x
-        x = _mm256_min_ps(ops.high[k], x);  // x > high ? high : x
+        // x <= low ? low : x, then x >= high ? high : x: _engine.cpp's stage_row says why
+        x = _mm256_blendv_ps(x, ops.low[k], _mm256_cmp_ps(x, ops.low[k], _CMP_LE_OQ));
+        x = _mm256_blendv_ps(x, ops.high[k], _mm256_cmp_ps(x, ops.high[k], _CMP_GE_OQ));
     }
     return x;
 }
@@ -214,6 +215,24 @@ int64_t widened_size(const Geometry &g, int64_t images, int64_t h, int64_t w) {
     return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * g.padded_channels();
 }
 
+namespace {
+// out[i] = q[i] − zero_point in int16 (in [−255, 255]), sixteen at a time. Written out because the
+// compiler does not vectorize the loop itself: a store through int16_t* might change the uint8_t
+// source for all it knows. PaddleOCR's detector on one thread spent 3.6% of its time widening
+// with the loop, 2.8% with this (perf, Zen 3).
+__attribute__((target("avx2"))) void widen_values(const uint8_t *q, int64_t n, bool signed_src, int zero_point,
+                                                  int16_t *out) {
+    const __m256i zp = _mm256_set1_epi16((int16_t)zero_point);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i));
+        const __m256i words = signed_src ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), _mm256_sub_epi16(words, zp));
+    }
+    for (; i < n; ++i) out[i] = (int16_t)((signed_src ? (int)(int8_t)q[i] : (int)q[i]) - zero_point);
+}
+}  // namespace
+
 void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
            int64_t images, int64_t h, int64_t w, int16_t *wide, int threads) {
     const int64_t c = g.in_channels, c2 = g.padded_channels();
@@ -232,11 +251,10 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
             for (int64_t x = 0; x < w; ++x) interior[x * c2 + c] = 0;
         if (channels_last) {
             const uint8_t *in = src + (n * h + y) * w * c;
-            for (int64_t x = 0; x < w; ++x)
-                for (int64_t k = 0; k < c; ++k) {
-                    const uint8_t v = in[x * c + k];
-                    interior[x * c2 + k] = (int16_t)((signed_src ? (int)(int8_t)v : (int)v) - zero_point);
-                }
+            if (c2 == c)
+                widen_values(in, w * c, signed_src, zero_point, interior);
+            else
+                for (int64_t x = 0; x < w; ++x) widen_values(in + x * c, c, signed_src, zero_point, interior + x * c2);
         } else {
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
