@@ -412,7 +412,7 @@ def test_fallback_sessions_take_at_most_one_thread_per_core(folder):
     from lpt import limits
     from lpt.backend import fallback
 
-    session = fallback._session(matmul_model(), 100_000)
+    session = fallback._session(matmul_model(), 100_000, alone=False)
     assert session.get_session_options().intra_op_num_threads == limits.cores()
 
 

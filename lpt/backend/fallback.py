@@ -62,11 +62,15 @@ def _captured(node: ir.Node) -> list[ir.Value]:
 
 
 class RegionRunner:
-    """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it."""
+    """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it.
+
+    With `alone` (the plan has no step of lpt's own), its threads keep spinning after a run, as an
+    onnxruntime session's do by default; else they stop when the run returns, and leave the cores to
+    the int8 kernels' threads."""
 
     def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
-                 needed_outside: set[str], threads: int = 1):
-        self.nodes, self.opsets, self.threads = nodes, opsets, threads
+                 needed_outside: set[str], threads: int = 1, alone: bool = False):
+        self.nodes, self.opsets, self.threads, self.alone = nodes, opsets, threads, alone
         external = region_inputs(nodes)
         self._constants = {v.name: constants[v.name] for v in external if v.name in constants}
         self._input_values = [v for v in external if v.name not in constants and v.name]
@@ -85,7 +89,7 @@ class RegionRunner:
     def _build(self, dtypes: list[ir.DataType]) -> None:
         proto = self._model(self.nodes, dtypes, self.output_names)
         try:
-            session = _session(proto, self.threads)
+            session = _session(proto, self.threads, self.alone)
         except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: split the region
             if len(self.nodes) == 1:
                 node, why = self.nodes[0], " ".join(str(err).split()) or type(err).__name__
@@ -117,8 +121,8 @@ class RegionRunner:
         first, second = self.nodes[: len(self.nodes) // 2], self.nodes[len(self.nodes) // 2:]
         needed = set(self.output_names)
         runners = [RegionRunner(first, self.opsets, self._constants, needed | {v.name for v in region_inputs(second)},
-                                self.threads),
-                   RegionRunner(second, self.opsets, self._constants, needed, self.threads)]
+                                self.threads, self.alone),
+                   RegionRunner(second, self.opsets, self._constants, needed, self.threads, self.alone)]
         self.backend = " + ".join(sorted({b for r in runners for b in r.backend.split(" + ")}))
 
         def run(feeds):
@@ -155,14 +159,15 @@ def _failure(err: Exception, nodes: list[ir.Node]) -> str:
     return f"{where}: onnxruntime failed: {why[:300]}"
 
 
-def _session(proto: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+def _session(proto: onnx.ModelProto, threads: int, alone: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     # more threads than cores gain nothing, and many thousands exhaust the machine
     options.intra_op_num_threads = min(threads, limits.cores())
     options.inter_op_num_threads = 1
     # Threads that spin between the ops of a run start the next op sooner (a small model's region
-    # runs in 0.05-0.3 ms, and waking sleeping threads cost it 10-30 us); stopping them when the run
-    # returns leaves the cores to the int8 kernels' threads between two regions.
+    # runs in 0.05-0.3 ms, and waking sleeping threads cost it 10-30 us). Stopping them when the run
+    # returns leaves the cores to the int8 kernels' threads between two regions; a plan that is all
+    # onnxruntime (silero_vad: 0.31 against fp32's 0.26 ms with the stop) keeps them spinning.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.add_session_config_entry("session.force_spinning_stop", "0" if alone else "1")
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -164,7 +164,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         inside = {id(n) for n in unit}
         needed = {v.name for n in unit for v in n.outputs
                   if v.name in outputs or any(id(user) not in inside for user, _ in v.uses())}  # uses: subgraphs' too
-        runner = RegionRunner(unit, opsets, constants, needed, threads)
+        runner = RegionRunner(unit, opsets, constants, needed, threads, alone=not int8_steps)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))
     run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps
