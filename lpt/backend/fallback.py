@@ -64,9 +64,9 @@ def _captured(node: ir.Node) -> list[ir.Value]:
 class RegionRunner:
     """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it.
 
-    With `alone` (the plan has no step of lpt's own), its threads keep spinning after a run, as an
-    onnxruntime session's do by default; else they stop when the run returns, and leave the cores to
-    the int8 kernels' threads."""
+    With `alone` (the plan has no step of lpt's own), its threads spin between ops and after a run, as
+    an onnxruntime session's do by default; else they sleep, and leave the cores to the int8 kernels'
+    threads."""
 
     def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
                  needed_outside: set[str], threads: int = 1, alone: bool = False):
@@ -164,10 +164,11 @@ def _session(proto: onnx.ModelProto, threads: int, alone: bool) -> ort.Inference
     # more threads than cores gain nothing, and many thousands exhaust the machine
     options.intra_op_num_threads = min(threads, limits.cores())
     options.inter_op_num_threads = 1
-    # Threads that spin between the ops of a run start the next op sooner (a small model's region
-    # runs in 0.05-0.3 ms, and waking sleeping threads cost it 10-30 us). Stopping them when the run
-    # returns leaves the cores to the int8 kernels' threads between two regions; a plan that is all
-    # onnxruntime (silero_vad: 0.31 against fp32's 0.26 ms with the stop) keeps them spinning.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    options.add_session_config_entry("session.force_spinning_stop", "0" if alone else "1")
+    # Idle onnxruntime threads spin by default, and would steal the cores the int8 kernels' threads
+    # run on between two regions. Spinning only within a run and stopping when it returns
+    # (force_spinning_stop) was measured too: 0.84-0.97x on ddddocr_common, silero_vad_16k_op15 and
+    # basic_pitch_nmp, but 1.2-1.55x on ddddocr_common_old_dynq's 60 small regions. A plan that is all
+    # onnxruntime spins as a plain session does (silero_vad's one region, in onnxruntime alone: 0.14 ms
+    # spinning, 0.17-0.19 with sleeping threads).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if alone else "0")
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
