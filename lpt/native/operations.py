@@ -84,7 +84,8 @@ class Conv(_Operation):
 
     weights: int8 [OC, IC/groups, *kernel], 1 to 3 spatial axes; strides, dilations, pads as ONNX's
     Conv (pads [x1_begin, x2_begin, …, x1_end, x2_end], explicit); multiplier f32, one or one per
-    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu / Sigmoid / Gelu;
+    OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu /
+    Sigmoid / Gelu;
     dst_scale None for an f32 destination, else the destination's scale and zero point, in
     dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
     [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
