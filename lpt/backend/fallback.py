@@ -166,8 +166,8 @@ def _session(proto: onnx.ModelProto, threads: int, alone: bool) -> ort.Inference
     options.inter_op_num_threads = 1
     # Idle onnxruntime threads spin by default, and would steal the cores the int8 kernels' threads
     # run on between two regions. Spinning only within a run and stopping when it returns
-    # (force_spinning_stop) was measured too: 0.84-0.97x on ddddocr_common, silero_vad_16k_op15 and
-    # basic_pitch_nmp, but 1.2-1.55x on ddddocr_common_old_dynq's 60 small regions. A plan that is all
+    # (force_spinning_stop) was measured too: 0.95-0.97x on ddddocr_common, silero_vad_16k_op15 and
+    # basic_pitch_nmp, but 1.22-1.57x on ddddocr_common_old_dynq's 60 small regions. A plan that is all
     # onnxruntime spins as a plain session does (silero_vad's one region, in onnxruntime alone: 0.14 ms
     # spinning, 0.17-0.19 with sleeping threads).
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if alone else "0")
