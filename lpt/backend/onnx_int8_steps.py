@@ -6,7 +6,9 @@
 
 lpt's own graphs reach these only where a chain in lpt.backend.int8_steps does not fit; a model
 exported as standard ONNX int8 (or ONNX's node test models) runs here as it is, weights and all
-parameters as inputs, packed on every call.
+parameters as inputs, packed on every call. A dynamically quantized model (quantize_dynamic's
+DynamicQuantizeLinear, then ConvInteger / MatMulInteger with constant weights) runs these three on
+the native engine where it is built: the same integers, the source's zero point given at each run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lpt.backend.step import Step
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
 from lpt.kernels.conv import with_src_zero_point
+from lpt.kernels.window import Window
 from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_linear
 
 _OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear",
@@ -45,8 +48,11 @@ def _runner(node: ir.Node):
         weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
         if weights is not None and weight_zp is not None:  # packed once; the source zero point may change per run
             packed = kernels.pack_conv(weights, weight_zp, 0, **window)
-            return lambda x, w, x_zp=None, w_zp=None: [kernels.conv_accumulate(
-                x, with_src_zero_point(packed, int(_zero(x_zp)))).astype(np.int32)]
+
+            def on_kernels(x, w, x_zp=None, w_zp=None):
+                return [kernels.conv_accumulate(x, with_src_zero_point(packed, int(_zero(x_zp)))).astype(np.int32)]
+
+            return _native_conv_integer(weights, weight_zp, window, on_kernels) or on_kernels
         return lambda x, w, x_zp=None, w_zp=None: [
             kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window)).astype(np.int32)]
     if op == "MatMulInteger":
@@ -72,40 +78,130 @@ def _runner(node: ir.Node):
                                                           output_dtype=dtype)]
     if op == "DequantizeLinear":
         return lambda q, scale, zp=None: [dequantize_linear(q, scale, zp, axis=axis, block_size=block_size)]
-    return lambda x: list(dynamic_quantize_linear(x))
+    return _native_dynamic_quantize() or (lambda x: list(dynamic_quantize_linear(x)))
+
+
+def _native_dynamic_quantize():
+    """DynamicQuantizeLinear on the native engine (the same integers, scale and zero point), or None."""
+    from lpt import native
+
+    if not native.available():
+        return None
+
+    def run(x):
+        if np.asarray(x).dtype != np.float32:
+            return list(dynamic_quantize_linear(x))
+        return list(native.dynamic_quantize(x))
+
+    return run
+
+
+# Weights less their zero point that leave int8 are added back one by one (Residuals); past this
+# many, lpt's kernels run the op. quantize_dynamic's u8 weights around a zero point leave it only at
+# their extremes: 1 to 3 values per layer in ddddocr_common_old_dynq (w − zw down to −178, up to 161).
+MAX_RESIDUALS = 64
+
+
+class Residuals:
+    """w − zw as int8 weights for the native engine, clipped to [−128, 127], and the few values the
+    clip changed, (index, w − zw − clipped), to add back: the product stays exact."""
+
+    def __init__(self, shifted: np.ndarray):
+        clipped = np.clip(shifted, -128, 127)
+        self.weights = clipped.astype(np.int8)
+        left = shifted - clipped
+        self.entries = [(tuple(int(i) for i in index), int(left[tuple(index)])) for index in np.argwhere(left)]
+
+    def fits(self) -> bool:
+        return len(self.entries) <= MAX_RESIDUALS
 
 
 def _native_matmul_integer(node: ir.Node, on_kernels):
     """MatMulInteger with constant weights (a dynamically quantized model's) on lpt's native engine, or None.
 
-    The weights less their zero point are int8 (quantize_dynamic's and lpt's u8 weights around 128
-    are), so the engine computes Σ a·(w − zw) once per run, and the source zero point, which
-    DynamicQuantizeLinear gives at run time, comes off as za·Σ_k (w − zw) per column: exact integers."""
+    The engine takes the source zero point, which DynamicQuantizeLinear gives at run time, at each
+    run; the weights are w − zw (Residuals)."""
     from lpt import native
 
     weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
     if not native.available() or weights is None or weight_zp is None or weights.ndim != 2 or np.ndim(weight_zp) > 1:
         return None
-    shifted = weights.astype(np.int32) - weight_zp.astype(np.int32)
-    if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
+    shifted = Residuals(weights.astype(np.int32) - weight_zp.astype(np.int32))
+    if not shifted.fits():
         return None
     try:
-        matmul = native.MatMul(shifted.astype(np.int8))
+        matmul = native.MatMul(shifted.weights)
     except native.Unsupported:
         return None
-    column_sums = shifted.sum(axis=0, dtype=np.int64)
 
     def run(a, b, a_zp=None, b_zp=None):
         source_zp = _zero(a_zp)
         if np.size(source_zp) != 1 or np.asarray(a).ndim < 1:  # a zero point per row: lpt's kernels
             return on_kernels(a, b, a_zp, b_zp)
-        acc = matmul.accumulate(a)
-        if int(source_zp):
-            acc = (acc - int(source_zp) * column_sums).astype(np.int32)
+        zero_point = int(np.reshape(source_zp, ()))
+        acc = matmul.accumulate(a, src_zero_point=zero_point)
+        for (k, n), value in shifted.entries:
+            acc[..., n] += value * (a[..., k].astype(np.int32) - zero_point)
         return [acc]
 
     run.engine = native.engine_name(matmul.route)
     return run
+
+
+def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dict, on_kernels):
+    """ConvInteger with constant weights on lpt's native engine, or None: as _native_matmul_integer, each
+    value Residuals adds back is one pass over an output channel, where its tap meets the source (the
+    padding holds the source's zero point, as in ONNX's ConvInteger: it adds nothing)."""
+    from lpt import native
+
+    if not native.available() or np.ndim(weight_zp) > 1 or not 3 <= weights.ndim <= 5:
+        return None
+    groups = window["groups"]
+    geometry = Window.of(weights.shape[2:], window["strides"], window["dilations"], window["pads"],
+                         window["auto_pad"]).with_fixed_pads()
+    if geometry is None:
+        return None
+    zero_points = np.reshape(weight_zp, (-1,) + (1,) * (weights.ndim - 1)).astype(np.int32)
+    shifted = Residuals(weights.astype(np.int32) - zero_points)
+    if not shifted.fits():
+        return None
+    try:
+        conv = native.Conv(shifted.weights, groups=groups, strides=geometry.strides, dilations=geometry.dilations,
+                           pads=geometry.pads)
+    except native.Unsupported:
+        return None
+    per_group_in, per_group_out = weights.shape[1], weights.shape[0] // groups
+
+    def run(x, w, x_zp=None, w_zp=None):
+        zero_point = int(np.reshape(_zero(x_zp), ()))
+        acc = conv.accumulate(x, src_zero_point=zero_point)
+        for (oc, ic, *tap), value in shifted.entries:
+            region = _tap_region(tap, geometry, x.shape[2:], acc.shape[2:])
+            if region is not None:
+                outputs, sources = region
+                channel = oc // per_group_out * per_group_in + ic
+                acc[(slice(None), oc) + outputs] += value * (x[(slice(None), channel) + sources].astype(np.int32)
+                                                             - zero_point)
+        return [acc]
+
+    run.engine = native.engine_name(conv.route)
+    return run
+
+
+def _tap_region(tap, geometry: Window, in_shape, out_shape) -> tuple[tuple, tuple] | None:
+    """(output slices, source slices) where kernel position `tap` reads the source, not its padding; None
+    where it reads only padding. Output o reads source o·stride + tap·dilation − pad_begin."""
+    outputs, sources = [], []
+    for k, d, s, begin, size, count in zip(tap, geometry.dilations, geometry.strides, geometry.pads, in_shape,
+                                           out_shape):
+        offset = k * d - begin
+        first = max(0, -(offset // s))  # ⌈−offset / s⌉
+        last = min(count, (size - 1 - offset) // s + 1) if size - 1 - offset >= 0 else 0
+        if last <= first:
+            return None
+        outputs.append(slice(first, last))
+        sources.append(slice(first * s + offset, (last - 1) * s + offset + 1, s))
+    return tuple(outputs), tuple(sources)
 
 
 def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:

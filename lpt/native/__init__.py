@@ -8,6 +8,7 @@
 
     lpt.native.MatMul(weights_s8_kn, ...)    the same for u8/s8 [..., K] × constant s8 [K, N]
     lpt.native.Product(a_zero_point=za, ...) u8/s8 [..., M, K] × u8/s8 [..., K, N], both at run time
+    lpt.native.dynamic_quantize(x)           ONNX DynamicQuantizeLinear: (q, scale, zero point)
     lpt.native.route()                       "u8s8", "s16", "split" or None: what this process runs (routes.py)
     lpt.native.engine_name(route)            how reports name it: "oneDNN (u8s8)", "lpt AVX2 (s16)", ...
     lpt.native.layer_engine(name, native)    what computed a layer in its last run: s16 by Winograd, say
@@ -23,12 +24,13 @@ from __future__ import annotations
 import logging
 
 from lpt.native._library import engine, reason
-from lpt.native.operations import Conv, MatMul, Product, Unsupported
+from lpt.native.operations import Conv, MatMul, Product, Unsupported, dynamic_quantize
 from lpt.native.routes import exact_routes, route
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "WINOGRAD_ENGINE", "available", "engine_name",
+__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "WINOGRAD_ENGINE", "available", "dynamic_quantize",
+           "engine_name",
            "exact_routes", "is_native_engine", "layer_engine", "onednn_version", "route", "unavailable_reason"]
 
 _ENGINE_NAMES = {"u8s8": "oneDNN (u8s8)", "split": "oneDNN (split)", "s16": "lpt AVX2 (s16)"}

@@ -252,10 +252,13 @@ memory::desc user_weights_desc(const Operation &op) {
     return memory::desc(op.weight_dims, dt::s8, tags[rank - 3]);
 }
 
-// src dims: conv [N, C, *spatial], matmul [M, K]
-Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) {
+// src dims: conv [N, C, *spatial], matmul [M, K]; zero_point: the u8 source's, as the primitive reads it
+// (an s8 source is read as q + 128). Whether there is one is part of the primitive; its value is set
+// at each run (execute), as a dynamic quantization gives a new one each run.
+Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, int zero_point) {
     std::vector<int64_t> key(src_dims.begin(), src_dims.end());
     key.push_back(signed_src);
+    key.push_back(zero_point != 0);
     auto found = op.prepared.find(key);
     if (found != op.prepared.end()) return *found->second;
     // Each shape holds a primitive and its own reordered weights: calibration meets many batch
@@ -263,7 +266,6 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) 
     if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
 
     auto p = std::make_unique<Prepared>();
-    const int zero_point = op.src_zero_point + (signed_src ? 128 : 0);
     primitive_attr attr;
     if (zero_point != 0) {
         attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
@@ -310,7 +312,6 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src) 
     }
     p->accumulators = p->dst_hi.get_desc().get_size() / sizeof(int32_t);
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
-    *static_cast<int32_t *>(p->zero_point.get_data_handle()) = zero_point;
     op.last_impl = p->impl;
     return *op.prepared.emplace(key, std::move(p)).first->second;
 }
@@ -612,8 +613,8 @@ Layout layout_of(const Py_buffer &v) {
 }
 
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
-void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src, Dst dst,
-             bool channels_last_out, void *out, size_t out_bytes) {
+void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
+             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
     const lpt_s16::Geometry &g = op.geometry;
     // conv [N, C, (H,) W]; matmul [M, K]: one image one row high and M wide, channels-last
     const bool conv = op.kind == Kind::conv;
@@ -632,7 +633,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     thread_local std::vector<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     wide.resize(lpt_s16::widened_size(widening, images, h, w) + lpt_s16::READ_SLACK);
-    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, op.src_zero_point, widening, images, h, w,
+    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, src_zero_point, widening, images, h, w,
                    wide.data(), op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
@@ -654,14 +655,17 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
 
 // One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
 // with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
-void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src, Dst dst,
-             bool channels_last_out, void *out, size_t out_bytes) {
+// src_zero_point: the operation's own, or one given at run time (py_run).
+void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
+             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
     std::lock_guard<std::mutex> guard(op.lock);
     if (op.route == Route::s16) {
-        run_s16(op, src, dims, channels_last, signed_src, dst, channels_last_out, out, out_bytes);
+        run_s16(op, src, dims, channels_last, signed_src, src_zero_point, dst, channels_last_out, out, out_bytes);
         return;
     }
-    Prepared &p = prepare(op, dims, signed_src);
+    const int zero_point = src_zero_point + (signed_src ? 128 : 0);
+    Prepared &p = prepare(op, dims, signed_src, zero_point);
+    *static_cast<int32_t *>(p.zero_point.get_data_handle()) = zero_point;
     const int64_t images = dims[0];
     int64_t positions = 1;
     for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
@@ -858,24 +862,36 @@ PyObject *py_product(PyObject *, PyObject *args) {
 }
 
 const char RUN_DOC[] =
-    "run(operation, src, out, accumulators=False, channels_last=False)\n\n"
+    "run(operation, src, out, accumulators=False, channels_last=False, src_zero_point=None)\n\n"
     "conv: src uint8/int8 [N, C, *spatial] (contiguous, or a channels-last view); out [N, OC, *out_spatial],\n"
     "C-contiguous (or [N, *out_spatial, OC] with channels_last). matmul: src [M, K] C-contiguous, out [M, N].\n"
-    "out is float32/uint8/int8 as the operation's dst, or int32 with `accumulators` (no output stage).";
+    "out is float32/uint8/int8 as the operation's dst, or int32 with `accumulators` (no output stage).\n"
+    "src_zero_point: this run's, in place of the operation's (a dynamic quantization's, given at run time).";
 
 PyObject *py_run(PyObject *, PyObject *args) {
     PyObject *capsule, *src_o, *out_o;
+    PyObject *zero_point_o = Py_None;
     int accumulators = 0, channels_last_out = 0;
-    if (!PyArg_ParseTuple(args, "OOO|pp", &capsule, &src_o, &out_o, &accumulators, &channels_last_out))
+    if (!PyArg_ParseTuple(args, "OOO|ppO", &capsule, &src_o, &out_o, &accumulators, &channels_last_out,
+                          &zero_point_o))
         return nullptr;
     Operation *op = operation(capsule);
     if (!op) return nullptr;
+    int src_zero_point = op->src_zero_point;
+    if (zero_point_o != Py_None) {
+        src_zero_point = (int)PyLong_AsLong(zero_point_o);
+        if (src_zero_point == -1 && PyErr_Occurred()) return nullptr;
+    }
     Buffer src, out;
     if (!src.get(src_o, PyBUF_RECORDS_RO) || !out.get(out_o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE))
         return nullptr;
     const char sf = src.format(), of = out.format();
     if (sf != 'B' && sf != 'b') {
         PyErr_SetString(PyExc_TypeError, "src must be uint8 or int8");
+        return nullptr;
+    }
+    if (sf == 'B' ? src_zero_point < 0 || src_zero_point > 255 : src_zero_point < -128 || src_zero_point > 127) {
+        PyErr_Format(PyExc_ValueError, "source zero point %d is outside the source's type", src_zero_point);
         return nullptr;
     }
     const Dst dst = accumulators ? Dst::s32 : op->stage.dst;
@@ -908,8 +924,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
     std::string error;
     Py_BEGIN_ALLOW_THREADS;
     try {
-        execute(*op, static_cast<const uint8_t *>(v.buf), dims, layout == Layout::channels_last, sf == 'b', dst,
-                channels_last_out, out.view.buf, (size_t)out.view.len);
+        execute(*op, static_cast<const uint8_t *>(v.buf), dims, layout == Layout::channels_last, sf == 'b',
+                src_zero_point, dst, channels_last_out, out.view.buf, (size_t)out.view.len);
     } catch (const dnnl::error &e) {
         error = std::string("oneDNN: ") + e.what();
     } catch (const std::exception &e) {
@@ -1093,7 +1109,9 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
             in = scratch.data();
         }
         const int64_t rows = src.count() / op.in_channels;
-        if (rows) execute(op, in, {rows, op.in_channels}, false, signed_src, dst, false, o, (size_t)(out.count() * item_size(dst)));
+        if (rows)
+            execute(op, in, {rows, op.in_channels}, false, signed_src, op.src_zero_point, dst, false, o,
+                    (size_t)(out.count() * item_size(dst)));
         return;
     }
     // a few images at a time, within the scratch Conv._run allows itself (operations.py: SCRATCH_BYTES)
@@ -1104,7 +1122,7 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
         const int64_t count = std::min(chunk, images - first);
         memory::dims dims(src.dims.begin(), src.dims.end());
         dims[0] = count;
-        execute(op, in + first * in_image, dims, src.transposed(), signed_src, dst, true,
+        execute(op, in + first * in_image, dims, src.transposed(), signed_src, op.src_zero_point, dst, true,
                 static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)));
     }
 }
@@ -1130,8 +1148,9 @@ void run_upsampling(Program &program, const Instruction &ins, const Slot &src, S
     const Dst dst = op.stage.dst;
     const size_t item = item_size(dst);
     program.upsampled.resize((size_t)(rows * op.out_channels) * item);
-    if (rows) execute(op, in, {rows, op.in_channels}, false, src.type == 'b', dst, false, program.upsampled.data(),
-                      program.upsampled.size());
+    if (rows)
+        execute(op, in, {rows, op.in_channels}, false, src.type == 'b', op.src_zero_point, dst, false,
+                program.upsampled.data(), program.upsampled.size());
     out.dims = {images, c_out, h * kh, w * kw};
     char *o = static_cast<char *>(out.allocate(dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b', out.count()));
     out.channels_last = true;
@@ -1844,6 +1863,32 @@ PyObject *py_implementation(PyObject *, PyObject *args) {
     return PyUnicode_FromString(op->last_impl.c_str());
 }
 
+const char DYNAMIC_QUANTIZE_DOC[] =
+    "dynamic_quantize(x, out, threads) -> (scale, zero_point)\n\n"
+    "ONNX DynamicQuantizeLinear of x (float32, C-contiguous) into out (uint8, as many values), exactly as\n"
+    "lpt.numerics.dynamic_quantize_linear.";
+
+PyObject *py_dynamic_quantize(PyObject *, PyObject *args) {
+    PyObject *x_o, *out_o;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOi", &x_o, &out_o, &threads)) return nullptr;
+    Buffer x, out;
+    if (!x.get(x_o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) ||
+        !out.get(out_o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE))
+        return nullptr;
+    if (x.format() != 'f' || out.format() != 'B' || out.view.len * 4 != x.view.len) {
+        PyErr_SetString(PyExc_TypeError, "x must be float32 and out uint8, of as many values");
+        return nullptr;
+    }
+    float scale = 1.0f;
+    int zero_point = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    lpt_ops::dynamic_quantize(static_cast<const float *>(x.view.buf), out.view.len,
+                              static_cast<uint8_t *>(out.view.buf), scale, zero_point, std::max(threads, 1));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("(di)", (double)scale, zero_point);
+}
+
 PyObject *py_version(PyObject *, PyObject *) {
     const dnnl_version_t *v = dnnl_version();
     return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
@@ -1862,6 +1907,7 @@ PyMethodDef methods[] = {
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
         {"product", py_product, METH_VARARGS, PRODUCT_DOC},
         {"run", py_run, METH_VARARGS, RUN_DOC},
+        {"dynamic_quantize", py_dynamic_quantize, METH_VARARGS, DYNAMIC_QUANTIZE_DOC},
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},

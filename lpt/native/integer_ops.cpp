@@ -136,6 +136,28 @@ void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, 
     });
 }
 
+void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int &zero_point, int threads) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    std::vector<float> lows(blocks, 0.0f), highs(blocks, 0.0f);
+    lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, blocks, [&](int64_t b) {
+        const int64_t start = b * BLOCK, end = std::min(n, start + BLOCK);
+        float low = 0.0f, high = 0.0f;
+        for (int64_t i = start; i < end; ++i) {  // a NaN compares false: left out, as numpy's fmin/fmax
+            low = x[i] < low ? x[i] : low;
+            high = x[i] > high ? x[i] : high;
+        }
+        lows[b] = low, highs[b] = high;
+    });
+    const float low = blocks ? *std::min_element(lows.begin(), lows.end()) : 0.0f,
+                high = blocks ? *std::max_element(highs.begin(), highs.end()) : 0.0f;
+    scale = low == high ? 1.0f : (high - low) / 255.0f;
+    float level = -low / scale;
+    level = level >= 0.0f ? level : 0.0f;
+    level = level <= 255.0f ? level : 255.0f;
+    zero_point = (int)round_half_even(level);
+    quantize(x, n, scale, zero_point, 0, 255, out, false, threads);
+}
+
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
           float a_scale, float b_shift, float b_scale, bool relu, const Destination &to, void *out, int threads) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;

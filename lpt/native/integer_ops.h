@@ -11,6 +11,11 @@ namespace lpt_ops {
 void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
               int threads);
 
+// ONNX DynamicQuantizeLinear, as lpt.numerics.dynamic_quantize_linear: the range [min(x, 0), max(x, 0)]
+// (NaN left out), scale = (high − low)/255 (1 where high = low), zp = rint(clip(−low/scale, 0, 255)),
+// then x quantized to uint8 into out.
+void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int &zero_point, int threads);
+
 // Where a result goes: float32 values (type 'f'), or quantized into uint8 ('B') or int8 ('b').
 struct Destination {
     char type = 'f';

@@ -23,6 +23,7 @@ from lpt.kernels.quantize import integer_container
 from lpt.kernels.window import Window
 from lpt.native import routes
 from lpt.native._library import engine, reason
+from lpt.numerics import dynamic_quantize_linear
 
 SCRATCH_BYTES = 64 << 20  # a convolution runs on at most this much scratch at once (Conv._run)
 _DESTINATIONS = {np.dtype(np.float32): "f32", np.dtype(np.uint8): "u8", np.dtype(np.int8): "s8"}
@@ -71,12 +72,15 @@ class _Operation:
         """The oneDNN implementation of the primitive last prepared (e.g. brg:avx512_core_vnni), '' before a run."""
         return engine.implementation(self._operation)
 
-    def _check_src(self, src: np.ndarray) -> None:
+    def _check_src(self, src: np.ndarray, src_zero_point: int | None) -> int:
+        """The zero point this run subtracts: `src_zero_point`, or the operation's own where it is None."""
         if src.dtype not in (np.uint8, np.int8):
             raise TypeError(f"the source must be uint8 or int8, got {src.dtype}")
+        zero_point = self.src_zero_point if src_zero_point is None else int(src_zero_point)
         info = np.iinfo(src.dtype)
-        if not info.min <= self.src_zero_point <= info.max:
-            raise ValueError(f"source zero point {self.src_zero_point} is outside {src.dtype}")
+        if not info.min <= zero_point <= info.max:
+            raise ValueError(f"source zero point {zero_point} is outside {src.dtype}")
+        return zero_point
 
 
 class Conv(_Operation):
@@ -119,17 +123,18 @@ class Conv(_Operation):
                                       self.window.dilations, self.window.pads[:rank], self.window.pads[rank:],
                                       self.src_zero_point, self.route, self.threads, *self._stage)
 
-    def __call__(self, src, channels_last: bool = False) -> np.ndarray:
-        """dst [N, OC, *out] from src uint8/int8 [N, IC, *spatial]; with `channels_last`, a view of [N, *out, OC]."""
-        return self._run(src, None, channels_last)
+    def __call__(self, src, channels_last: bool = False, src_zero_point: int | None = None) -> np.ndarray:
+        """dst [N, OC, *out] from src uint8/int8 [N, IC, *spatial]; with `channels_last`, a view of [N, *out, OC].
+        `src_zero_point` replaces the operation's for this run (a dynamic quantization's)."""
+        return self._run(src, None, channels_last, src_zero_point)
 
-    def accumulate(self, src, channels_last: bool = False) -> np.ndarray:
+    def accumulate(self, src, channels_last: bool = False, src_zero_point: int | None = None) -> np.ndarray:
         """acc int32 [N, OC, *out], before the output stage: what the exactness tests compare."""
-        return self._run(src, np.int32, channels_last)
+        return self._run(src, np.int32, channels_last, src_zero_point)
 
-    def _run(self, src, dtype, channels_last: bool) -> np.ndarray:
+    def _run(self, src, dtype, channels_last: bool, src_zero_point: int | None) -> np.ndarray:
         src = np.asarray(src)
-        self._check_src(src)
+        zero_point = self._check_src(src, src_zero_point)
         if src.ndim != 2 + len(self.window.kernel) or src.shape[1] != self.in_channels:
             raise ValueError(f"source of shape {src.shape} does not fit weights for {self.in_channels} input channels")
         if not (src.flags.c_contiguous or np.moveaxis(src, 1, -1).flags.c_contiguous):
@@ -146,7 +151,7 @@ class Conv(_Operation):
         images = max(1, SCRATCH_BYTES // max(per_image, 1))
         for start in range(0, src.shape[0], images):
             engine.run(self._operation, src[start:start + images], out[start:start + images], dtype == np.int32,
-                       channels_last)
+                       channels_last, zero_point)
         return np.moveaxis(out, -1, 1) if channels_last else out
 
 
@@ -171,23 +176,23 @@ class MatMul(_Operation):
         self._operation = engine.matmul(np.ascontiguousarray(weights), weights.shape, self.src_zero_point, self.route,
                                         self.threads, *self._stage)
 
-    def __call__(self, src) -> np.ndarray:
-        """dst [..., N] from src uint8/int8 [..., K]."""
-        return self._run(src, self.dst_dtype)
+    def __call__(self, src, src_zero_point: int | None = None) -> np.ndarray:
+        """dst [..., N] from src uint8/int8 [..., K]; `src_zero_point` as Conv's."""
+        return self._run(src, self.dst_dtype, src_zero_point)
 
-    def accumulate(self, src) -> np.ndarray:
+    def accumulate(self, src, src_zero_point: int | None = None) -> np.ndarray:
         """acc int32 [..., N], before the output stage."""
-        return self._run(src, np.int32)
+        return self._run(src, np.int32, src_zero_point)
 
-    def _run(self, src, dtype) -> np.ndarray:
+    def _run(self, src, dtype, src_zero_point: int | None) -> np.ndarray:
         src = np.asarray(src)
-        self._check_src(src)
+        zero_point = self._check_src(src, src_zero_point)
         if src.ndim < 1 or src.shape[-1] != self.reduction:
             raise ValueError(f"source of shape {src.shape} does not fit weights [K={self.reduction}, N]")
         rows = np.ascontiguousarray(src.reshape(-1, self.reduction))
         out = np.empty((rows.shape[0], self.columns), dtype)
         if rows.shape[0]:
-            engine.run(self._operation, rows, out, dtype == np.int32)
+            engine.run(self._operation, rows, out, dtype == np.int32, False, zero_point)
         return out.reshape(src.shape[:-1] + (self.columns,))
 
 
@@ -227,6 +232,20 @@ class Product:
         """dst [..., M, N] from a [..., M, K] and b [..., K, N]; Unsupported where the engine does not take them."""
         [out] = self._program(a, b)
         return out
+
+
+def dynamic_quantize(x, threads: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear of a float32 x: (uint8 q, scale, zero point), exactly as
+    lpt.numerics.dynamic_quantize_linear, in one pass for the range and one for q (and its error
+    where the scale is infinite or 0)."""
+    if engine is None:
+        raise Unsupported(f"the native engine is not available: {reason}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    q = np.empty(x.shape, np.uint8)
+    scale, zero_point = engine.dynamic_quantize(x, q, min(threads, usable_cores()) if threads > 0 else usable_cores())
+    if not np.isfinite(np.float32(scale)) or np.float32(scale) == 0:  # a range beyond f32, or below its steps
+        return dynamic_quantize_linear(x)
+    return q, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)
 
 
 def _destination(dst_scale, dst_zero_point, dst_dtype, qmin, qmax) -> tuple[np.dtype, tuple]:

@@ -66,8 +66,9 @@ def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = np.asarray(x, dtype=np.float32)
     low = np.fmin.reduce(x, axis=None, initial=np.float32(0))
     high = np.fmax.reduce(x, axis=None, initial=np.float32(0))
-    scale = np.float32(1) if low == high else (high - low) / np.float32(255)
-    zero_point = np.rint(np.clip(-low / scale, 0, 255)).astype(np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):  # an infinite range: quantize_linear refuses its scale
+        scale = np.float32(1) if low == high else (high - low) / np.float32(255)
+        zero_point = np.rint(np.clip(-low / scale, 0, 255)).astype(np.uint8)
     return quantize_linear(x, scale, zero_point), np.asarray(scale, dtype=np.float32), np.asarray(zero_point)
 
 

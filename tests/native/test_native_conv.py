@@ -77,6 +77,23 @@ def test_accumulators_equal_the_reference(route, case):
 
 
 @pytest.mark.parametrize("route", ROUTES)
+@given(case=conv_cases(), later=st.lists(st.integers(0, 255), min_size=1, max_size=3))
+@settings(max_examples=30, deadline=None)
+def test_a_zero_point_given_at_each_run(route, case, later):
+    """A dynamic quantization's source zero point arrives with each run: every run subtracts its own, the
+    padding holds it (adds nothing), and a run without one takes the operation's again."""
+    src, weights, zero_point, window, _ = case
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=1, **window)
+    shift = 0 if src.dtype == np.uint8 else 128
+    for run_zero_point in [zero_point] + [z - shift for z in later] + [0]:
+        expected = conv_reference(src, weights, run_zero_point, **window)
+        assert np.array_equal(conv.accumulate(src, src_zero_point=run_zero_point), expected)
+    assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, zero_point, **window))
+    with pytest.raises(ValueError, match="outside"):
+        conv.accumulate(src, src_zero_point=256 - shift)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("kernel, dilations, strides", [((3, 3), (1, 1), (1, 1)), ((7, 7), (1, 1), (1, 1)),
                                                         ((2, 2), (1, 1), (2, 2)), ((3, 3), (2, 2), (2, 1))])
 def test_a_depthwise_convolution_over_several_blocks_of_sixteen_channels(route, kernel, dilations, strides):

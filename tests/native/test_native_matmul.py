@@ -46,6 +46,19 @@ def test_accumulators_equal_the_reference(route, case):
 
 
 @pytest.mark.parametrize("route", ROUTES)
+@given(case=matmul_cases(), later=st.lists(st.integers(0, 255), min_size=1, max_size=3))
+@settings(max_examples=30, deadline=None)
+def test_a_zero_point_given_at_each_run(route, case, later):
+    src, weights, zero_point, _ = case
+    matmul = lpt.native.MatMul(weights, src_zero_point=zero_point, route=route, threads=1)
+    shift = 0 if src.dtype == np.uint8 else 128
+    for run_zero_point in [z - shift for z in later] + [0]:
+        assert np.array_equal(matmul.accumulate(src, src_zero_point=run_zero_point),
+                              matmul_reference(src, run_zero_point, weights, 0))
+    assert np.array_equal(matmul.accumulate(src), matmul_reference(src, zero_point, weights, 0))
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @given(case=matmul_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
        post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), GELU]), max_size=2))
