@@ -78,28 +78,52 @@ inline float erf(float x) {
     return __builtin_copysignf(y, x);
 }
 
-// exp on eight lanes, the same float32 operations in the same order: max(t, LOW)
-// gives LOW for a NaN, as t >= LOW ? t : LOW does, and the NaN lanes take their input at the end.
-__attribute__((target("avx2"))) inline __m256 exp_lanes(__m256 t) {
+// exp on N vectors of eight lanes, in place, the same float32 operations in the same order: max(t, LOW)
+// gives LOW for a NaN, as t >= LOW ? t : LOW does, and the NaN lanes take their input at the end. Each
+// step runs over the N vectors before the next: their chains of dependent operations interleave, so
+// that one's latency hides behind another's work.
+template <int N>
+__attribute__((target("avx2"))) inline void exp_lanes_n(__m256 *t) {
     const __m256 round = _mm256_set1_ps(ROUND);
-    const __m256 clamped = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(LOW)), _mm256_set1_ps(HIGH));
-    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(LOG2E)), round), round);
-    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(clamped, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
-                                   _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
-    __m256 p = _mm256_set1_ps(P0);
-    for (const float c : {P1, P2, P3, P4, P5}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-    const __m256 two_to_n = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
-    const __m256 e = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
-                                                 _mm256_set1_ps(1.0f)), two_to_n);
-    return _mm256_blendv_ps(e, t, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+    __m256 n[N], r[N], p[N];
+    for (int v = 0; v < N; ++v) {
+        const __m256 clamped = _mm256_min_ps(_mm256_max_ps(t[v], _mm256_set1_ps(LOW)), _mm256_set1_ps(HIGH));
+        n[v] = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(LOG2E)), round), round);
+        r[v] = _mm256_sub_ps(_mm256_sub_ps(clamped, _mm256_mul_ps(n[v], _mm256_set1_ps(LN2_HI))),
+                             _mm256_mul_ps(n[v], _mm256_set1_ps(LN2_LO)));
+        p[v] = _mm256_set1_ps(P0);
+    }
+    for (const float c : {P1, P2, P3, P4, P5})
+        for (int v = 0; v < N; ++v) p[v] = _mm256_add_ps(_mm256_mul_ps(p[v], r[v]), _mm256_set1_ps(c));
+    for (int v = 0; v < N; ++v) {
+        const __m256 two_to_n = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n[v]), _mm256_set1_epi32(127)), 23));
+        const __m256 e = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p[v], _mm256_mul_ps(r[v], r[v])), r[v]),
+                                                     _mm256_set1_ps(1.0f)), two_to_n);
+        t[v] = _mm256_blendv_ps(e, t[v], _mm256_cmp_ps(t[v], t[v], _CMP_UNORD_Q));
+    }
 }
 
-// sigmoid on eight lanes: the NaN lanes take x.
-__attribute__((target("avx2"))) inline __m256 sigmoid_lanes(__m256 x) {
+__attribute__((target("avx2"))) inline __m256 exp_lanes(__m256 t) {
+    exp_lanes_n<1>(&t);
+    return t;
+}
+
+// sigmoid on N vectors of eight lanes, in place (their exps interleaved, as exp_lanes_n's): the NaN lanes
+// take x.
+template <int N>
+__attribute__((target("avx2"))) inline void sigmoid_lanes_n(__m256 *x) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = exp_lanes(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
-    return _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e)), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    __m256 e[N];
+    for (int v = 0; v < N; ++v) e[v] = _mm256_xor_ps(x[v], _mm256_set1_ps(-0.0f));
+    exp_lanes_n<N>(e);
+    for (int v = 0; v < N; ++v)
+        x[v] = _mm256_blendv_ps(_mm256_div_ps(one, _mm256_add_ps(one, e[v])), x[v], _mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q));
+}
+
+__attribute__((target("avx2"))) inline __m256 sigmoid_lanes(__m256 x) {
+    sigmoid_lanes_n<1>(&x);
+    return x;
 }
 
 // tanh on eight lanes: both ranges computed, each lane taking its own.
@@ -116,21 +140,49 @@ __attribute__((target("avx2"))) inline __m256 tanh_lanes(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-// erf on eight lanes: both ranges computed, each lane taking its own, as numpy's where does.
+// erf on N vectors of eight lanes, in place, their steps interleaved as exp_lanes_n's: each lane takes its
+// own range's value, as numpy's where does. The far range (an exp, a division and nine terms) is
+// computed only where a lane needs it.
+template <int N>
+__attribute__((target("avx2"))) inline void erf_lanes_n(__m256 *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), four = _mm256_set1_ps(4.0f);
+    __m256 a[N], z[N], p[N], is_near[N], is_far[N];
+    int between = 0;  // whether a lane is in [1, 4)
+    for (int v = 0; v < N; ++v) {
+        a[v] = _mm256_andnot_ps(sign, x[v]);
+        z[v] = _mm256_mul_ps(a[v], a[v]);
+        p[v] = _mm256_set1_ps(ERF_NEAR[0]);
+        is_near[v] = _mm256_cmp_ps(a[v], one, _CMP_LT_OQ);
+        is_far[v] = _mm256_cmp_ps(a[v], four, _CMP_LT_OQ);
+        between |= _mm256_movemask_ps(_mm256_andnot_ps(is_near[v], is_far[v]));
+    }
+    for (int i = 1; i < 6; ++i)
+        for (int v = 0; v < N; ++v) p[v] = _mm256_add_ps(_mm256_mul_ps(p[v], z[v]), _mm256_set1_ps(ERF_NEAR[i]));
+    __m256 y[N];
+    for (int v = 0; v < N; ++v) y[v] = one;  // |x| ≥ 4 (and NaN, replaced below)
+    if (between) {
+        __m256 s[N], q[N], e[N];
+        for (int v = 0; v < N; ++v) {
+            s[v] = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(a[v], _mm256_set1_ps(0.5f))));
+            q[v] = _mm256_set1_ps(ERF_FAR[0]);
+            e[v] = _mm256_xor_ps(z[v], sign);
+        }
+        for (int i = 1; i < 9; ++i)
+            for (int v = 0; v < N; ++v) q[v] = _mm256_add_ps(_mm256_mul_ps(q[v], s[v]), _mm256_set1_ps(ERF_FAR[i]));
+        exp_lanes_n<N>(e);
+        for (int v = 0; v < N; ++v)
+            y[v] = _mm256_blendv_ps(one, _mm256_sub_ps(one, _mm256_mul_ps(e[v], q[v])), is_far[v]);
+    }
+    for (int v = 0; v < N; ++v) {
+        y[v] = _mm256_blendv_ps(y[v], _mm256_mul_ps(p[v], a[v]), is_near[v]);
+        y[v] = _mm256_or_ps(y[v], _mm256_and_ps(x[v], sign));  // x's sign: y is not negative
+        x[v] = _mm256_blendv_ps(y[v], x[v], _mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q));
+    }
+}
+
 __attribute__((target("avx2"))) inline __m256 erf_lanes(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(a, a);
-    __m256 p = _mm256_set1_ps(ERF_NEAR[0]);
-    for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(ERF_NEAR[i]));
-    const __m256 near = _mm256_mul_ps(p, a);
-    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(a, _mm256_set1_ps(0.5f))));
-    __m256 q = _mm256_set1_ps(ERF_FAR[0]);
-    for (int i = 1; i < 9; ++i) q = _mm256_add_ps(_mm256_mul_ps(q, s), _mm256_set1_ps(ERF_FAR[i]));
-    const __m256 far = _mm256_sub_ps(one, _mm256_mul_ps(exp_lanes(_mm256_xor_ps(z, sign)), q));
-    __m256 y = _mm256_blendv_ps(one, far, _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
-    y = _mm256_blendv_ps(y, near, _mm256_cmp_ps(a, one, _CMP_LT_OQ));
-    y = _mm256_or_ps(y, _mm256_and_ps(x, sign));  // x's sign: y is not negative
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    erf_lanes_n<1>(&x);
+    return x;
 }
 
 }  // namespace lpt_exp

@@ -101,28 +101,39 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
 }
 
 // x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, a GELU (slope, low, high: divisor,
-// one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip
-__attribute__((target("avx2"))) inline __m256 stage_values(const Epilogue &e, const VectorPostOps &ops, __m256i acc,
-                                                          __m256 multiplier, __m256 bias) {
-    __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), multiplier);
-    if (e.bias) x = _mm256_add_ps(x, bias);
+// one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip; on N vectors at once (both halves of
+// a tile's sixteen channels at N / 2 positions), so that their chains of an exp or an erf interleave
+// (lpt_exp::erf_lanes_n). A 1×1 48→96 convolution over 160×160 with a GELU took 9.8 ms one vector at a
+// time, 5.5 ms four at a time, 2.6 ms without the GELU (2 threads, this stage fused).
+template <int N>
+__attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, const VectorPostOps &ops, const int32_t *acc,
+                                                        const __m256 *multiplier, const __m256 *bias, __m256 *x) {
+    for (int v = 0; v < N; ++v) {
+        x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + 8 * v))),
+                             multiplier[v % 2]);
+        if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % 2]);
+    }
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
-            x = lpt_exp::sigmoid_lanes(x);
+            lpt_exp::sigmoid_lanes_n<N>(x);
             continue;
         }
         if (ops.gelu[k]) {
-            const __m256 erf = lpt_exp::erf_lanes(_mm256_div_ps(x, ops.slope[k]));
-            x = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_add_ps(erf, ops.low[k])), ops.high[k]);
+            __m256 erf[N];
+            for (int v = 0; v < N; ++v) erf[v] = _mm256_div_ps(x[v], ops.slope[k]);
+            lpt_exp::erf_lanes_n<N>(erf);
+            for (int v = 0; v < N; ++v) x[v] = _mm256_mul_ps(_mm256_mul_ps(x[v], _mm256_add_ps(erf[v], ops.low[k])), ops.high[k]);
             continue;
         }
-        if (ops.leaky[k])
-            x = _mm256_blendv_ps(x, _mm256_mul_ps(x, ops.slope[k]), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
-        // x <= low ? low : x, then x >= high ? high : x: _engine.cpp's stage_row says why
-        x = _mm256_blendv_ps(x, ops.low[k], _mm256_cmp_ps(x, ops.low[k], _CMP_LE_OQ));
-        x = _mm256_blendv_ps(x, ops.high[k], _mm256_cmp_ps(x, ops.high[k], _CMP_GE_OQ));
+        for (int v = 0; v < N; ++v) {
+            if (ops.leaky[k])
+                x[v] = _mm256_blendv_ps(x[v], _mm256_mul_ps(x[v], ops.slope[k]),
+                                        _mm256_cmp_ps(x[v], _mm256_setzero_ps(), _CMP_LT_OQ));
+            // x <= low ? low : x, then x >= high ? high : x: _engine.cpp's stage_row says why
+            x[v] = _mm256_blendv_ps(x[v], ops.low[k], _mm256_cmp_ps(x[v], ops.low[k], _CMP_LE_OQ));
+            x[v] = _mm256_blendv_ps(x[v], ops.high[k], _mm256_cmp_ps(x[v], ops.high[k], _CMP_GE_OQ));
+        }
     }
-    return x;
 }
 
 // min(max(v, low), high)
@@ -147,14 +158,22 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
                  low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
                  high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
     const VectorPostOps ops = vector_post_ops(e);
-    const __m256 multiplier0 = _mm256_loadu_ps(e.multiplier + c0), multiplier1 = _mm256_loadu_ps(e.multiplier + c0 + 8);
-    const __m256 bias0 = e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
-                 bias1 = e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps();
+    const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
+    const __m256 bias[2] = {e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
+                            e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps()};
+    __m256 two_positions[4];
     for (int64_t j = 0; j < count; ++j) {
-        const int32_t *a = acc + j * LANES;
-        const __m256 x0 = stage_values(e, ops, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a)), multiplier0, bias0),
-                     x1 = stage_values(e, ops, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a + 8)), multiplier1,
-                                       bias1);
+        __m256 x0, x1;
+        if (j % 2 == 0 && j + 1 < count) {  // this position's values and the next one's
+            stage_values<4>(e, ops, acc + j * LANES, multiplier, bias, two_positions);
+            x0 = two_positions[0], x1 = two_positions[1];
+        } else if (j % 2) {
+            x0 = two_positions[2], x1 = two_positions[3];
+        } else {
+            __m256 last[2];
+            stage_values<2>(e, ops, acc + j * LANES, multiplier, bias, last);
+            x0 = last[0], x1 = last[1];
+        }
         T *o = out + j * out_stride;
         if constexpr (std::is_same_v<T, float>) {
             if (valid == LANES) {
