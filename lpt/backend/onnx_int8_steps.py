@@ -27,6 +27,7 @@ from lpt.numerics import dequantize_linear, dynamic_quantize_linear, quantize_li
 _OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear",
         "DynamicQuantizeLinear")
 _INTEGERS = (ir.DataType.UINT8, ir.DataType.INT8)
+KERNELS = "lpt kernels"  # how reports name lpt's NumPy/MLAS kernels computing one of these products
 
 
 def _optional_constant(node: ir.Node, index: int):
@@ -40,26 +41,35 @@ def _zero(value):
     return np.zeros((), np.int32) if value is None else value
 
 
-def _runner(node: ir.Node):
+def _runner(node: ir.Node, threads: int, native: bool):
+    """run(*inputs) -> outputs for the op; its `engine` attribute names what computes a product (a
+    ConvInteger's or MatMulInteger's) where it is one."""
     window = dict(groups=attribute(node, "group", 1), strides=attribute(node, "strides"), dilations=attribute(node, "dilations"),
                   pads=attribute(node, "pads"), auto_pad=attribute(node, "auto_pad", "NOTSET"))
     op = node.op_type
     if op == "ConvInteger":
         weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
         if weights is not None and weight_zp is not None:  # packed once; the source zero point may change per run
-            packed = kernels.pack_conv(weights, weight_zp, 0, **window)
+            packed = kernels.pack_conv(weights, weight_zp, 0, **window, threads=threads)
 
             def on_kernels(x, w, x_zp=None, w_zp=None):
                 return [kernels.conv_accumulate(x, with_src_zero_point(packed, int(_zero(x_zp)))).astype(np.int32)]
 
-            return _native_conv_integer(weights, weight_zp, window, on_kernels) or on_kernels
-        return lambda x, w, x_zp=None, w_zp=None: [
-            kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window)).astype(np.int32)]
+            on_kernels.engine = f"MLAS ({packed.int8_gemm.route})" if packed.int8_gemm is not None else "numpy"
+            return (native and _native_conv_integer(weights, weight_zp, window, threads, on_kernels)) or on_kernels
+
+        def packed_each_run(x, w, x_zp=None, w_zp=None):
+            return [kernels.conv_accumulate(x, kernels.pack_conv(w, _zero(w_zp), int(_zero(x_zp)), **window))
+                    .astype(np.int32)]
+
+        packed_each_run.engine = KERNELS
+        return packed_each_run
     if op == "MatMulInteger":
         def on_kernels(a, b, a_zp=None, b_zp=None):
             return [kernels.matmul_accumulate(a, _zero(a_zp), b, _zero(b_zp)).astype(np.int32)]
 
-        return _native_matmul_integer(node, on_kernels) or on_kernels
+        on_kernels.engine = KERNELS
+        return (native and _native_matmul_integer(node, threads, on_kernels)) or on_kernels
     if op in ("QLinearConv", "QLinearMatMul"):
         def run(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None):
             info = np.iinfo(y_zp.dtype)
@@ -69,6 +79,8 @@ def _runner(node: ir.Node):
                 return [kernels.qlinear_output(acc, multiplier, y_zp, int(info.min), int(info.max), bias=bias)]
             acc = kernels.matmul_accumulate(x, x_zp, w, w_zp)
             return [kernels.qlinear_output(acc, multiplier, y_zp, int(info.min), int(info.max), axis=-1)]
+
+        run.engine = KERNELS
         return run
     axis, block_size = attribute(node, "axis", 1), attribute(node, "block_size", 0)
     if op == "QuantizeLinear":
@@ -78,10 +90,10 @@ def _runner(node: ir.Node):
                                                           output_dtype=dtype)]
     if op == "DequantizeLinear":
         return lambda q, scale, zp=None: [dequantize_linear(q, scale, zp, axis=axis, block_size=block_size)]
-    return _native_dynamic_quantize() or (lambda x: list(dynamic_quantize_linear(x)))
+    return (native and _native_dynamic_quantize(threads)) or (lambda x: list(dynamic_quantize_linear(x)))
 
 
-def _native_dynamic_quantize():
+def _native_dynamic_quantize(threads: int):
     """DynamicQuantizeLinear on the native engine (the same integers, scale and zero point), or None."""
     from lpt import native
 
@@ -91,7 +103,7 @@ def _native_dynamic_quantize():
     def run(x):
         if np.asarray(x).dtype != np.float32:
             return list(dynamic_quantize_linear(x))
-        return list(native.dynamic_quantize(x))
+        return list(native.dynamic_quantize(x, threads))
 
     return run
 
@@ -116,7 +128,7 @@ class Residuals:
         return len(self.entries) <= MAX_RESIDUALS
 
 
-def _native_matmul_integer(node: ir.Node, on_kernels):
+def _native_matmul_integer(node: ir.Node, threads: int, on_kernels):
     """MatMulInteger with constant weights (a dynamically quantized model's) on lpt's native engine, or None.
 
     The engine takes the source zero point, which DynamicQuantizeLinear gives at run time, at each
@@ -130,7 +142,7 @@ def _native_matmul_integer(node: ir.Node, on_kernels):
     if not shifted.fits():
         return None
     try:
-        matmul = native.MatMul(shifted.weights)
+        matmul = native.MatMul(shifted.weights, threads=threads)
     except native.Unsupported:
         return None
 
@@ -148,7 +160,7 @@ def _native_matmul_integer(node: ir.Node, on_kernels):
     return run
 
 
-def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dict, on_kernels):
+def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dict, threads: int, on_kernels):
     """ConvInteger with constant weights on lpt's native engine, or None: as _native_matmul_integer, each
     value Residuals adds back is one pass over an output channel, where its tap meets the source (the
     padding holds the source's zero point, as in ONNX's ConvInteger: it adds nothing)."""
@@ -167,7 +179,7 @@ def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dic
         return None
     try:
         conv = native.Conv(shifted.weights, groups=groups, strides=geometry.strides, dilations=geometry.dilations,
-                           pads=geometry.pads)
+                           pads=geometry.pads, threads=threads)
     except native.Unsupported:
         return None
     per_group_in, per_group_out = weights.shape[1], weights.shape[0] // groups
@@ -204,8 +216,9 @@ def _tap_region(tap, geometry: Window, in_shape, out_shape) -> tuple[tuple, tupl
     return tuple(outputs), tuple(sources)
 
 
-def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
-    """A kernel step for a standard int8 op, or None (unknown op, or a type the kernels do not take)."""
+def try_onnx_int8_step(node: ir.Node, threads: int = 0, native: bool = True) -> tuple[Step, list[ir.Node]] | None:
+    """A kernel step for a standard int8 op, or None (unknown op, or a type the kernels do not take). With
+    `native`, a dynamically quantized model's ops run on the native engine where it is built."""
     if node.op_type not in _OPS or node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type in ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul") and any(
@@ -213,7 +226,7 @@ def try_onnx_int8_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
             for v in (node.inputs[0], node.inputs[1 if "Integer" in node.op_type else 3])):
         return None
     names = [v.name if v is not None else "" for v in node.inputs]
-    run = _runner(node)
+    run = _runner(node, threads, native)
     present = [i for i, name in enumerate(names) if name]
 
     def call(*arrays):

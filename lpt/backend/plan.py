@@ -83,7 +83,8 @@ class Plan:
         them (an s16 convolution by Winograd or not, which depends on the source's shape)."""
         from lpt.native import layer_engine
 
-        return Counter(layer_engine(step.engine, step.native) for step in self.steps if step.layer is not None)
+        return Counter(layer_engine(step.engine, step.native) for step in self.steps
+                       if step.layer is not None or step.op_types[0] in _PRODUCTS)
 
     def fallback_ops(self) -> Counter:
         return Counter(op for s in self.steps if s.backend != "int8 kernel" for op in s.op_types)
@@ -146,7 +147,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = (try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node)
+        fused = (try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node, threads, native)
                  or try_scan_step(node, opsets, threads, native, emulate))
         if fused is None and (_between_int8_steps(node, claimed, constants, own_results)
                               or reads_model_input_from_a_table(node, constants)):
@@ -189,6 +190,7 @@ def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict, own_r
 
 
 _QUANTIZES = ("QuantizeLinear", "Quantize")  # an int8 step starts there
+_PRODUCTS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul")  # a standard int8 op's layer
 
 
 def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32_nodes: list[ir.Node]) -> list:

@@ -123,3 +123,14 @@ def test_weights_with_many_values_outside_int8_stay_on_lpts_kernels():
     got, expected, engine = run_both(dynamic_model("ConvInteger", weights, np.uint8(0), x.shape, pads=[1, 1, 1, 1]), x)
     assert np.array_equal(got, expected)
     assert not lpt.native.is_native_engine(engine)
+
+
+def test_the_plan_counts_a_dynamic_models_products_by_engine():
+    """What `lpt run` reports ("int8 layers: 1 on ..."), and the reference a check compares the engine with:
+    the same graph compiled without the native engine, on lpt's kernels."""
+    rng = np.random.default_rng(5)
+    weights = rng.integers(60, 200, (16, 8)).astype(np.uint8)
+    model = ir.serde.deserialize_model(dynamic_model("MatMulInteger", weights, np.uint8(128), (3, 16)))
+    [(engine, count)] = compile_model(model, threads=1).engine_counts().items()
+    assert lpt.native.is_native_engine(engine) and count == 1
+    assert dict(compile_model(model, threads=1, native=False).engine_counts()) == {"lpt kernels": 1}
