@@ -80,6 +80,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return layout_step(node, BACKEND)
     if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
         return _concat(node)
+    if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
+        return _nearest_upsampling(node)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
         return None
     if node.op_type in _BINARY and any(v is None or v.dtype != _FLOAT for v in node.inputs):
@@ -134,6 +136,39 @@ def _gelu(div: ir.Node) -> tuple | None:
     op, chain = found
     return _step(lambda a: [op.apply(a)], [div.inputs[0]], chain, native=("gelu", (op.divisor, op.one, op.half)),
                  backend=BACKEND)
+
+
+def _nearest_upsampling(node: ir.Node) -> tuple | None:
+    """A Resize that repeats each value of [N, C, H, W] k_h × k_w times (whole factors, nearest): a copy, of
+    any type. Taken where every output pixel reads source y // k_h, x // k_w: coordinate_transformation_mode
+    asymmetric with nearest_mode floor (PaddleOCR's), or half_pixel with either rounding (PyTorch's
+    default export), whose (y + 0.5)/k − 0.5 lies within 0.5 of y // k. Opset 11 and later (X, roi,
+    scales, sizes), without axes."""
+    if len(node.inputs) < 3 or attribute(node, "mode", "nearest") not in ("nearest", b"nearest") or \
+            attribute(node, "axes") is not None:
+        return None
+    mapping = (_text(attribute(node, "coordinate_transformation_mode", "half_pixel")),
+               _text(attribute(node, "nearest_mode", "round_prefer_floor")))
+    if mapping not in (("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil")):
+        return None
+    x = node.inputs[0]
+    scales = const_array(node.inputs[2]) if node.inputs[2] is not None else None
+    if scales is None or scales.size == 0:
+        sizes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+        known = x.shape is not None and all(isinstance(d, int) for d in x.shape)
+        if sizes is None or not known or sizes.size != len(x.shape) or any(d == 0 for d in x.shape):
+            return None
+        scales = sizes.astype(np.float64) / np.array(x.shape, np.float64)
+    scales = np.asarray(scales, np.float64).reshape(-1)
+    if scales.size != 4 or scales[0] != 1 or scales[1] != 1 or np.any(scales[2:] < 1) or \
+            np.any(scales[2:] != np.round(scales[2:])):
+        return None
+    factors = (int(scales[2]), int(scales[3]))
+    return _float_step(lambda a: [kernels.upsample_nearest(a, factors)], [x], node, ("resize_nearest", factors))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _concat(node: ir.Node) -> tuple | None:

@@ -14,7 +14,7 @@ from lpt.kernels.gemm import exact_chunk, integer_matmul
 from lpt.kernels.matmul import PackedMatMul, matmul_accumulate, matmul_accumulate_packed, pack_matmul_weights
 from lpt.kernels.output_stage import (ELEMENTWISE_POST_OPS, Clip, FakeQuantize, Gelu, LeakyRelu, PostOp, Relu,
                                       Sigmoid, Sum, dequantization_multiplier, output_stage, qlinear_multiplier, qlinear_output)
-from lpt.kernels.pooling import average_pool_q, global_average_pool, global_average_pool_q, max_pool_q
+from lpt.kernels.pooling import average_pool_q, global_average_pool, global_average_pool_q, max_pool_q, upsample_nearest
 from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantize_fq, quantize_multiplier,
                                   requantize, requantize_fixed_point)
 from lpt.kernels.window import Window
@@ -28,4 +28,5 @@ __all__ = [
     "layer_norm", "matmul_accumulate", "matmul_accumulate_packed", "max_pool_q", "mean_over_axis_1", "mean_over_last_axis", "mul_q",
     "output_stage", "pack_conv", "pack_matmul_weights", "qlinear_multiplier", "qlinear_output", "quantize",
     "quantize_fq", "quantize_multiplier", "relu", "relu_q", "requantize", "requantize_fixed_point", "slope_and_clip", "softmax",
+    "upsample_nearest",
 ]

@@ -1,4 +1,5 @@
-"""Pooling on quantized tensors [N, C, *spatial], in integers (and the float32 global average).
+"""Pooling on quantized tensors [N, C, *spatial], in integers (and the float32 global average); and its
+inverse in shape, the nearest-neighbour upsampling by whole factors (a copy, of any type).
 
 max_pool_q pads with the dtype's minimum, which can only tie with a real value, never win.
 The average pools keep the input's scale and zero point: avg = zp + Σ(q − zp)/count, rounded half
@@ -97,3 +98,12 @@ def _average(total, count, zero_point, dtype, multiplier, out_zero_point, qmin, 
         zp_out = int(zero_point if out_zero_point is None else out_zero_point)
         averaged = np.rint(np.float64(np.float32(multiplier)) * total / count) + zp_out
     return np.clip(averaged, qmin, qmax).astype(integer_container(qmin, qmax))
+
+
+def upsample_nearest(x, factors) -> np.ndarray:
+    """out[n, c, y, x] = x[n, c, y // k_h, x // k_w] for factors (k_h, k_w): each value repeated k_h × k_w
+    times (ONNX Resize, nearest, by whole factors), x [N, C, H, W] of any type: only copies."""
+    x = np.asarray(x)
+    kh, kw = factors
+    n, c, h, w = x.shape
+    return np.broadcast_to(x[:, :, :, None, :, None], (n, c, h, kh, w, kw)).reshape(n, c, h * kh, w * kw)

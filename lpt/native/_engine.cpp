@@ -950,7 +950,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the program's outputs see channels-first values, as the steps do.
 
 enum class Code {
-    quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,  // and the float32 ops:
+    quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product, resize_nearest,  // any type
+    // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
@@ -1224,6 +1225,16 @@ void step(Program &program, const Instruction &ins) {
                                                 program.threads);
             else
                 lpt_ops::max_pool(a.data, a.type == 'b', a.dims[0] * a.dims[1], h, w, ins.pool, o, program.threads);
+            break;
+        }
+        case Code::resize_nearest: {  // ins.shape: (kh, kw)
+            if (a.dims.size() != 4) throw Unsupported("a nearest upsampling of other than [N, C, H, W]");
+            const int64_t h = a.dims[2], w = a.dims[3], kh = ins.shape[0], kw = ins.shape[1];
+            out.dims = {a.dims[0], a.dims[1], h * kh, w * kw};
+            out.channels_last = a.transposed();
+            void *o = out.allocate(a.type, out.count());
+            lpt_ops::upsample_nearest(a.data, a.item(), a.dims[0], a.dims[1], h, w, kh, kw, out.channels_last, o,
+                                      program.threads);
             break;
         }
         case Code::join: {
@@ -1623,6 +1634,11 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = Code::upsample;
                 parsed = PyArg_ParseTuple(extra, "OLL", &matmul, &kh, &kw) && hold(ins.operation = operation(matmul));
                 ins.shape = {kh, kw};
+            } else if (k == "resize_nearest") {  // (kh, kw)
+                ins.code = Code::resize_nearest;
+                ins.shape = int_sequence(extra, "resize_nearest's factors");
+                parsed = ins.shape.size() == 2 && ins.shape[0] >= 1 && ins.shape[1] >= 1;
+                if (!parsed) throw std::invalid_argument("resize_nearest takes two whole factors of at least 1");
             } else if (k == "quantize") {
                 int signed_out;
                 ins.code = Code::quantize;

@@ -5,6 +5,7 @@
 
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -156,6 +157,24 @@ void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int
     level = level <= 255.0f ? level : 255.0f;
     zero_point = (int)round_half_even(level);
     quantize(x, n, scale, zero_point, 0, 255, out, false, threads);
+}
+
+void upsample_nearest(const void *src, int item, int64_t images, int64_t channels, int64_t h, int64_t w, int64_t kh,
+                      int64_t kw, bool channels_last, void *out, int threads) {
+    // One output row per task: built from its source row, then copied to the kh − 1 rows below it.
+    const int64_t planes = channels_last ? images : images * channels, pixel = channels_last ? channels * item : item;
+    const int64_t in_row = w * pixel, out_row = w * kw * pixel;
+    lpt_parallel::for_each(planes * h * out_row * kh >= PARALLEL_WORK ? threads : 1, planes * h, [=](int64_t r) {
+        const unsigned char *in = static_cast<const unsigned char *>(src) + r * in_row;
+        unsigned char *o = static_cast<unsigned char *>(out) + r * kh * out_row;
+        if (pixel == 1) {
+            for (int64_t x = 0; x < w; ++x) std::memset(o + x * kw, in[x], kw);
+        } else {
+            for (int64_t x = 0; x < w; ++x)
+                for (int64_t k = 0; k < kw; ++k) std::memcpy(o + (x * kw + k) * pixel, in + x * pixel, pixel);
+        }
+        for (int64_t k = 1; k < kh; ++k) std::memcpy(o + k * out_row, o, out_row);
+    });
 }
 
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,

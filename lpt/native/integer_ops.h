@@ -16,6 +16,11 @@ void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, 
 // then x quantized to uint8 into out.
 void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int &zero_point, int threads);
 
+// out[n, c, y, x] = src[n, c, y / kh, x / kw] (nearest-neighbour upsampling by whole factors) for values
+// of `item` bytes, [N, C, H, W] or, with `channels_last`, [N, H, W, C] (and out in the same layout).
+void upsample_nearest(const void *src, int item, int64_t images, int64_t channels, int64_t h, int64_t w, int64_t kh,
+                      int64_t kw, bool channels_last, void *out, int threads);
+
 // Where a result goes: float32 values (type 'f'), or quantized into uint8 ('B') or int8 ('b').
 struct Destination {
     char type = 'f';

@@ -282,3 +282,28 @@ def test_a_convolutions_channels_last_output_is_transposed_and_reshaped_in_chann
     assert same_bits(r, conv(q).reshape(2, 6, 20))
     with pytest.raises(Unsupported, match="reshape"):
         Program([("reshape", ["q"], "r", ((7, -1), False))], ["q"], ["r"], threads=1)(q)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.integers(1, 4), st.sampled_from([np.uint8, np.int8, np.float32]),
+       st.sampled_from([(1, 1, 1, 1), (2, 3, 5, 7), (1, 20, 3, 2), (2, 1, 4, 4)]), st.booleans())
+def test_a_nearest_upsampling_equals_lpts_in_either_layout(seed, kh, kw, dtype, shape, channels_last):
+    """A copy of any type; after a convolution (whose output lies channels-last, and stays so), or as given."""
+    from lpt.kernels.pooling import upsample_nearest
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 256, shape).astype(np.uint8)
+    if channels_last:
+        c = shape[1]
+        conv = lpt.native.Conv(np.eye(c, dtype=np.int8).reshape(c, c, 1, 1), src_zero_point=0,
+                               multiplier=np.float32(1.0), **({} if dtype == np.float32 else
+                                                              dict(dst_scale=1.0, dst_zero_point=0, dst_dtype=np.uint8)))
+        program = Program([("layer", ["q"], "c", conv.instruction[1]), ("resize_nearest", ["c"], "y", (kh, kw))],
+                          ["q"], ["y"], threads=2)
+        [got] = program(q)
+        expected = upsample_nearest(conv(q), (kh, kw))
+    else:
+        x = q.astype(dtype) if dtype != np.float32 else rng.normal(0, 1, shape).astype(np.float32)
+        [got] = Program([("resize_nearest", ["x"], "y", (kh, kw))], ["x"], ["y"], threads=2)(x)
+        expected = upsample_nearest(x, (kh, kw))
+    assert same_bits(got, expected)
