@@ -101,17 +101,18 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
 }
 
 // x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, a GELU (slope, low, high: divisor,
-// one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip; on N vectors at once (both halves of
-// a tile's sixteen channels at N / 2 positions), so that their chains of an exp or an erf interleave
-// (lpt_exp::erf_lanes_n). A 1×1 48→96 convolution over 160×160 with a GELU took 9.8 ms one vector at a
-// time, 5.5 ms four at a time, 2.6 ms without the GELU (2 threads, this stage fused).
-template <int N>
+// one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip; on N vectors at once (HALVES of a
+// tile's sixteen channels, both or the first, at N / HALVES positions), so that their chains of an exp
+// or an erf interleave (lpt_exp::erf_lanes_n). A 1×1 48→96 convolution over 160×160 with a GELU took
+// 9.8 ms one vector at a time, 5.5 ms four at a time, 2.6 ms without the GELU (2 threads, this stage fused).
+template <int N, int HALVES>
 __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, const VectorPostOps &ops, const int32_t *acc,
                                                         const __m256 *multiplier, const __m256 *bias, __m256 *x) {
     for (int v = 0; v < N; ++v) {
-        x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + 8 * v))),
-                             multiplier[v % 2]);
-        if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % 2]);
+        const int32_t *a = acc + (v / HALVES) * LANES + (v % HALVES) * 8;
+        x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(a))),
+                             multiplier[v % HALVES]);
+        if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % HALVES]);
     }
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
@@ -161,17 +162,29 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
     const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
     const __m256 bias[2] = {e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
                             e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps()};
-    __m256 two_positions[4];
+    // Eight channels or fewer (a block's last, a head's one to eight): their half alone. A head of four
+    // values per position with a Sigmoid (PaddleOCR's detector) otherwise computed four times its lanes.
+    const bool one_half = valid <= 8;
+    __m256 two_positions[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t j = 0; j < count; ++j) {
-        __m256 x0, x1;
+        __m256 x0, x1 = _mm256_setzero_ps();
         if (j % 2 == 0 && j + 1 < count) {  // this position's values and the next one's
-            stage_values<4>(e, ops, acc + j * LANES, multiplier, bias, two_positions);
+            if (one_half) {
+                __m256 firsts[2];
+                stage_values<2, 1>(e, ops, acc + j * LANES, multiplier, bias, firsts);
+                two_positions[0] = firsts[0], two_positions[2] = firsts[1];
+            } else {
+                stage_values<4, 2>(e, ops, acc + j * LANES, multiplier, bias, two_positions);
+            }
             x0 = two_positions[0], x1 = two_positions[1];
         } else if (j % 2) {
             x0 = two_positions[2], x1 = two_positions[3];
         } else {
-            __m256 last[2];
-            stage_values<2>(e, ops, acc + j * LANES, multiplier, bias, last);
+            __m256 last[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            if (one_half)
+                stage_values<1, 1>(e, ops, acc + j * LANES, multiplier, bias, last);
+            else
+                stage_values<2, 2>(e, ops, acc + j * LANES, multiplier, bias, last);
             x0 = last[0], x1 = last[1];
         }
         T *o = out + j * out_stride;
