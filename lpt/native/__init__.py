@@ -29,9 +29,9 @@ from lpt.native.routes import exact_routes, route
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "WINOGRAD_ENGINE", "available", "dynamic_quantize",
-           "engine_name",
-           "exact_routes", "is_native_engine", "layer_engine", "onednn_version", "route", "unavailable_reason"]
+__all__ = ["Conv", "MatMul", "PRODUCT_ENGINE", "Product", "Unsupported", "WINOGRAD_ENGINE", "available",
+           "dynamic_quantize", "engine_name", "exact_routes", "is_native_engine", "layer_engine", "onednn_version",
+           "route", "unavailable_reason"]
 
 _ENGINE_NAMES = {"u8s8": "oneDNN (u8s8)", "split": "oneDNN (split)", "s16": "lpt AVX2 (s16)"}
 PRODUCT_ENGINE = "lpt int32 (product)"  # what computes a Product, on every route

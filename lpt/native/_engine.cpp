@@ -950,7 +950,8 @@ PyObject *py_run(PyObject *, PyObject *args) {
 // the program's outputs see channels-first values, as the steps do.
 
 enum class Code {
-    quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product, resize_nearest,  // any type
+    quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,
+    resize_nearest,  // values of any type
     // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
