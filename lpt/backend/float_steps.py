@@ -144,11 +144,10 @@ def _nearest_upsampling(node: ir.Node) -> tuple | None:
     asymmetric with nearest_mode floor (PaddleOCR's), or half_pixel with either rounding (PyTorch's
     default export), whose (y + 0.5)/k − 0.5 lies within 0.5 of y // k. Opset 11 and later (X, roi,
     scales, sizes), without axes."""
-    if len(node.inputs) < 3 or attribute(node, "mode", "nearest") not in ("nearest", b"nearest") or \
-            attribute(node, "axes") is not None:
+    if len(node.inputs) < 3 or attribute(node, "mode", "nearest") != "nearest" or attribute(node, "axes") is not None:
         return None
-    mapping = (_text(attribute(node, "coordinate_transformation_mode", "half_pixel")),
-               _text(attribute(node, "nearest_mode", "round_prefer_floor")))
+    mapping = (attribute(node, "coordinate_transformation_mode", "half_pixel"),
+               attribute(node, "nearest_mode", "round_prefer_floor"))
     if mapping not in (("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil")):
         return None
     x = node.inputs[0]
@@ -165,10 +164,6 @@ def _nearest_upsampling(node: ir.Node) -> tuple | None:
         return None
     factors = (int(scales[2]), int(scales[3]))
     return _float_step(lambda a: [kernels.upsample_nearest(a, factors)], [x], node, ("resize_nearest", factors))
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _concat(node: ir.Node) -> tuple | None:

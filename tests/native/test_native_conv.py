@@ -93,6 +93,21 @@ def test_a_zero_point_given_at_each_run(route, case, later):
         conv.accumulate(src, src_zero_point=256 - shift)
 
 
+@given(case=conv_cases(), later=st.lists(st.integers(0, 255), min_size=1, max_size=3))
+@settings(max_examples=30, deadline=None)
+def test_a_zero_point_given_at_each_run_on_onednns_u8s8_route_on_any_cpu(case, later):
+    """The route a VNNI CPU takes, forced on this one: weights within ±63 keep every pair of u8·s8
+    products within int16, so its AVX2 kernel adds them exactly too, and the run-time zero point (a
+    primitive with one, then without: 0) is what is checked."""
+    src, weights, zero_point, window, _ = case
+    weights = np.clip(weights, -63, 63)
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route="u8s8", threads=1, **window)
+    shift = 0 if src.dtype == np.uint8 else 128
+    for run_zero_point in [z - shift for z in later] + [-shift, zero_point]:
+        assert np.array_equal(conv.accumulate(src, src_zero_point=run_zero_point),
+                              conv_reference(src, weights, run_zero_point, **window))
+
+
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("kernel, dilations, strides", [((3, 3), (1, 1), (1, 1)), ((7, 7), (1, 1), (1, 1)),
                                                         ((2, 2), (1, 1), (2, 2)), ((3, 3), (2, 2), (2, 1))])
