@@ -193,13 +193,38 @@ enum class Route { u8s8, split, s16 };
 
 constexpr size_t MAX_PREPARED_SHAPES = 4;  // per operation; more are prepared again when met
 constexpr size_t KEEP_SCRATCH_BYTES = 8u << 20;  // per run; larger scratch is freed after the run
+constexpr size_t KEEP_WIDENED_BYTES = 64u << 20;  // s16's widened source, one per calling thread
+
+// Memory a kernel writes whole before it reads it: grown as needed and never value-initialised.
+// std::vector's resize zero-fills each growth, a pass over megabytes whenever a layer's source is
+// larger than the layer's before it.
+template <typename T>
+class Scratch {
+  public:
+    T *get(size_t count) {
+        if (count > capacity_) {
+            data_.reset(new T[count]);
+            capacity_ = count;
+        }
+        return data_.get();
+    }
+    size_t bytes() const { return capacity_ * sizeof(T); }
+    void release() {
+        data_.reset();
+        capacity_ = 0;
+    }
+
+  private:
+    std::unique_ptr<T[]> data_;
+    size_t capacity_ = 0;
+};
 
 struct Prepared {  // one source shape
     primitive prim;
     memory src, dst_hi, dst_lo, zero_point;
     memory weights_hi, weights_lo;  // reordered once; on the u8s8 route weights_hi holds w itself
-    std::vector<uint8_t> src_scratch;
-    std::vector<int32_t> acc_hi, acc_lo;  // sized at each run, released after it when large
+    Scratch<uint8_t> src_scratch;
+    Scratch<int32_t> acc_hi, acc_lo;  // grown at a run, released after it when large
     size_t accumulators = 0;
     bool has_zero_point = false;
     std::string impl;
@@ -231,7 +256,7 @@ struct Operation {
     lpt_s16::PackedWeights packed;
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
-    std::vector<int32_t> acc;
+    Scratch<int32_t> acc;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
 
@@ -630,27 +655,29 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
     if (weights.empty())
         weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
-    thread_local std::vector<int16_t> wide;
+    thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
-    wide.resize(lpt_s16::widened_size(widening, images, h, w) + lpt_s16::READ_SLACK);
+    const int64_t wide_size = lpt_s16::widened_size(widening, images, h, w);
+    int16_t *widened = wide.get(wide_size + lpt_s16::READ_SLACK);
+    std::memset(widened + wide_size, 0, lpt_s16::READ_SLACK * sizeof(int16_t));
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, src_zero_point, widening, images, h, w,
-                   wide.data(), op.threads);
+                   widened, op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
         const auto staged = op.depthwise ? lpt_s16::depthwise_staged
                             : winograd    ? lpt_s16::winograd_staged
                                           : lpt_s16::convolve_staged;
-        staged(wide.data(), weights.data(), g, images, h, w, op.epilogue, out, op.threads);
+        staged(widened, weights.data(), g, images, h, w, op.epilogue, out, op.threads);
     } else {
-        op.acc.resize(items);
+        int32_t *acc = op.acc.get(items);
         const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd : lpt_s16::convolve;
-        accumulate(wide.data(), weights.data(), g, images, h, w, op.acc.data(), op.threads);
-        finish_as(dst, op.stage, op.acc.data(), nullptr, images, positions, op.out_channels,
+        accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
+        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
-        if (items * sizeof(int32_t) > KEEP_SCRATCH_BYTES) std::vector<int32_t>().swap(op.acc);
+        if (op.acc.bytes() > KEEP_SCRATCH_BYTES) op.acc.release();
     }
     op.last_impl = winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
-    if (wide.size() * sizeof(int16_t) > KEEP_SCRATCH_BYTES) std::vector<int16_t>().swap(wide);
+    if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();
 }
 
 // One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
@@ -672,49 +699,46 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const uint8_t *data = src;
     const size_t src_bytes = p.src.get_desc().get_size();
     const size_t out_items = p.accumulators;
-    p.acc_hi.resize(out_items);
-    if (op.route == Route::split) p.acc_lo.resize(out_items);
+    int32_t *acc_hi = p.acc_hi.get(out_items), *acc_lo = op.route == Route::split ? p.acc_lo.get(out_items) : nullptr;
     if (out_bytes != out_items * item_size(dst))
         throw std::invalid_argument("out does not have the output's size");
     // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
     if (op.kind == Kind::conv && !channels_last && dims[1] > 1 && positions > 1) {
-        p.src_scratch.resize(src_bytes);
-        to_channels_last(data, p.src_scratch.data(), images, dims[1], positions, signed_src ? 0x80 : 0,
-                         op.threads);
-        data = p.src_scratch.data();
+        uint8_t *scratch = p.src_scratch.get(src_bytes);
+        to_channels_last(data, scratch, images, dims[1], positions, signed_src ? 0x80 : 0, op.threads);
+        data = scratch;
     } else if (signed_src) {
-        p.src_scratch.resize(src_bytes);
-        flip_signs(data, p.src_scratch.data(), (int64_t)src_bytes, op.threads);
-        data = p.src_scratch.data();
+        uint8_t *scratch = p.src_scratch.get(src_bytes);
+        flip_signs(data, scratch, (int64_t)src_bytes, op.threads);
+        data = scratch;
     }
     omp_set_num_threads(op.threads);
     const lpt_parallel::Quiet quiet;  // oneDNN's OpenMP threads take the cores
     p.src.set_data_handle(const_cast<uint8_t *>(data));
-    p.dst_hi.set_data_handle(p.acc_hi.data());
+    p.dst_hi.set_data_handle(acc_hi);
     std::unordered_map<int, memory> arguments{
             {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights_hi}, {DNNL_ARG_DST, p.dst_hi}};
     if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
     p.prim.execute(thread_stream(), arguments);
     if (op.route == Route::split) {
-        p.dst_lo.set_data_handle(p.acc_lo.data());
+        p.dst_lo.set_data_handle(acc_lo);
         arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
         arguments[DNNL_ARG_DST] = p.dst_lo;
         p.prim.execute(thread_stream(), arguments);
     }
     thread_stream().wait();
-    const int32_t *lo = op.route == Route::split ? p.acc_lo.data() : nullptr;
     const int64_t channels = op.out_channels;
     // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
     const int64_t out_images = op.kind == Kind::conv ? images : 1;
     const int64_t out_positions = (int64_t)out_items / (out_images * channels);
     const bool channels_first = op.kind == Kind::conv && !channels_last_out;
-    finish_as(dst, op.stage, p.acc_hi.data(), lo, out_images, out_positions, channels, channels_first,
+    finish_as(dst, op.stage, acc_hi, acc_lo, out_images, out_positions, channels, channels_first,
               out, op.threads, dst == op.stage.dst && lpt_s16::supported() ? &op.epilogue : nullptr);
-    if (out_items * sizeof(int32_t) + p.src_scratch.size() > KEEP_SCRATCH_BYTES) {
+    if (p.acc_hi.bytes() + p.acc_lo.bytes() + p.src_scratch.bytes() > KEEP_SCRATCH_BYTES) {
         // a large batch's scratch would stay allocated in every layer: give it back
-        std::vector<int32_t>().swap(p.acc_hi);
-        std::vector<int32_t>().swap(p.acc_lo);
-        std::vector<uint8_t>().swap(p.src_scratch);
+        p.acc_hi.release();
+        p.acc_lo.release();
+        p.src_scratch.release();
     }
 }
 
@@ -1060,8 +1084,8 @@ struct Program {
     // slots after it); a view (flatten, reshape, ...) extends its source's; outputs live to the end.
     std::vector<size_t> last_use;
     std::vector<Memory> pool;
-    std::vector<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
-    std::vector<unsigned char> upsampled;  // an upsampling's matmul output, before its layout
+    Scratch<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
+    Scratch<unsigned char> upsampled;  // an upsampling's matmul output, before its layout
     std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
     int threads = 1;
     std::mutex lock;
@@ -1090,7 +1114,7 @@ std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<in
     return dims;
 }
 
-void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<unsigned char> &scratch) {
+void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch) {
     Operation &op = *ins.operation;
     if (!src.eight_bit()) throw Unsupported("a layer reads other than 8-bit integers");
     const int expected_rank = op.kind == Kind::conv ? (int)op.weight_dims.size() - (op.groups > 1 ? 1 : 0) : -1;
@@ -1106,9 +1130,9 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, std::vector<u
     out.channels_last = op.kind == Kind::conv;
     if (op.kind == Kind::matmul) {
         if (src.transposed()) {  // a matmul reads its last axis: the channels-first order's
-            scratch.resize(src.count());
-            src.channels_first_into(scratch.data(), op.threads);
-            in = scratch.data();
+            unsigned char *order = scratch.get(src.count());
+            src.channels_first_into(order, op.threads);
+            in = order;
         }
         const int64_t rows = src.count() / op.in_channels;
         if (rows)
@@ -1143,20 +1167,20 @@ void run_upsampling(Program &program, const Instruction &ins, const Slot &src, S
     const int64_t c_out = op.out_channels / taps;
     const uint8_t *in = static_cast<const uint8_t *>(src.data);
     if (!src.channels_last && src.dims[1] > 1 && h * w > 1) {  // the matmul reads each pixel's channels
-        program.scratch.resize(src.count());
-        src.channels_last_into(program.scratch.data(), program.threads);
-        in = program.scratch.data();
+        unsigned char *order = program.scratch.get(src.count());
+        src.channels_last_into(order, program.threads);
+        in = order;
     }
     const Dst dst = op.stage.dst;
     const size_t item = item_size(dst);
-    program.upsampled.resize((size_t)(rows * op.out_channels) * item);
+    const size_t columns_bytes = (size_t)(rows * op.out_channels) * item;
+    unsigned char *columns = program.upsampled.get(columns_bytes);
     if (rows)
-        execute(op, in, {rows, op.in_channels}, false, src.type == 'b', op.src_zero_point, dst, false,
-                program.upsampled.data(), program.upsampled.size());
+        execute(op, in, {rows, op.in_channels}, false, src.type == 'b', op.src_zero_point, dst, false, columns,
+                columns_bytes);
     out.dims = {images, c_out, h * kh, w * kw};
     char *o = static_cast<char *>(out.allocate(dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b', out.count()));
     out.channels_last = true;
-    const unsigned char *columns = program.upsampled.data();
     const int64_t run = c_out * (int64_t)item;
     lpt_parallel::for_each(rows * op.out_channels >= PARALLEL_WORK ? program.threads : 1, rows, [=](int64_t r) {
         const int64_t image = r / (h * w), y = r / w % h, x = r % w;
@@ -1182,9 +1206,9 @@ void view_as(Slot &out, const Slot &a, std::vector<int64_t> dims, int threads) {
 // a's values channels-first: its own, or a copy in the program's scratch where it lies channels-last
 const void *channels_first(const Slot &a, Program &program) {
     if (!a.transposed()) return a.data;
-    program.scratch.resize(a.count() * a.item());
-    a.channels_first_into(program.scratch.data(), program.threads);
-    return program.scratch.data();
+    unsigned char *order = program.scratch.get(a.count() * a.item());
+    a.channels_first_into(order, program.threads);
+    return order;
 }
 
 // Whether `small` broadcasts onto `big` by repeating whole: its dimensions big's last ones, after 1s.
@@ -1245,10 +1269,10 @@ void step(Program &program, const Instruction &ins) {
             out.channels_last = a.transposed();
             const void *b_data = b.data;  // b in a's layout
             if (b.transposed() != a.transposed()) {
-                program.scratch.resize(b.count());
-                if (a.transposed()) b.channels_last_into(program.scratch.data(), program.threads);
-                else b.channels_first_into(program.scratch.data(), program.threads);
-                b_data = program.scratch.data();
+                unsigned char *order = program.scratch.get(b.count());
+                if (a.transposed()) b.channels_last_into(order, program.threads);
+                else b.channels_first_into(order, program.threads);
+                b_data = order;
             }
             void *o = out.allocate(ins.to.type, a.count());
             lpt_ops::join(a.data, a.type == 'b', b_data, b.type == 'b', a.count(), ins.multiply, ins.a_shift,
@@ -1265,16 +1289,16 @@ void step(Program &program, const Instruction &ins) {
             int64_t batches = 1;
             for (size_t i = 0; i + 2 < r; ++i) batches *= a.dims[i];
             const uint8_t *a_values = static_cast<const uint8_t *>(a.data), *b_values = static_cast<const uint8_t *>(b.data);
-            std::vector<unsigned char> a_order, b_order;  // channels-first values, where a convolution left them not so
+            Scratch<unsigned char> a_order, b_order;  // channels-first values, where a convolution left them not so
             if (a.transposed()) {
-                a_order.resize(a.count());
-                a.channels_first_into(a_order.data(), program.threads);
-                a_values = a_order.data();
+                unsigned char *order = a_order.get(a.count());
+                a.channels_first_into(order, program.threads);
+                a_values = order;
             }
             if (b.transposed()) {
-                b_order.resize(b.count());
-                b.channels_first_into(b_order.data(), program.threads);
-                b_values = b_order.data();
+                unsigned char *order = b_order.get(b.count());
+                b.channels_first_into(order, program.threads);
+                b_values = order;
             }
             out.dims = a.dims;
             out.dims[r - 1] = b.dims[r - 1];
@@ -1380,10 +1404,10 @@ void step(Program &program, const Instruction &ins) {
             const float *values = static_cast<const float *>(small.data);
             if (big.dims == small.dims) {
                 if (small.transposed() != big.transposed()) {  // in big's layout
-                    program.scratch.resize(small.count() * sizeof(float));
-                    if (big.transposed()) small.channels_last_into(program.scratch.data(), program.threads);
-                    else small.channels_first_into(program.scratch.data(), program.threads);
-                    values = reinterpret_cast<const float *>(program.scratch.data());
+                    unsigned char *order = program.scratch.get(small.count() * sizeof(float));
+                    if (big.transposed()) small.channels_last_into(order, program.threads);
+                    else small.channels_first_into(order, program.threads);
+                    values = reinterpret_cast<const float *>(order);
                 }
                 lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, 0, big.count(),
                                 false, o, program.threads);
@@ -1438,11 +1462,10 @@ void step(Program &program, const Instruction &ins) {
                     const Slot &part = slots[slot];
                     const int64_t width = part.dims[1] * item;
                     const char *values = static_cast<const char *>(part.data);
-                    std::vector<unsigned char> order;
                     if (!part.channels_last && part.dims[1] > 1) {
-                        order.resize(part.count() * item);
-                        part.channels_last_into(order.data(), program.threads);
-                        values = reinterpret_cast<const char *>(order.data());
+                        unsigned char *order = program.scratch.get(part.count() * item);
+                        part.channels_last_into(order, program.threads);
+                        values = reinterpret_cast<const char *>(order);
                     }
                     const int64_t row_bytes = channels * item, start = offset * item;
                     lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? program.threads : 1, rows, [=](int64_t r) {
@@ -1456,11 +1479,10 @@ void step(Program &program, const Instruction &ins) {
             for (int slot : ins.in) {
                 const Slot &part = slots[slot];
                 const char *values = static_cast<const char *>(part.data);
-                std::vector<unsigned char> order;
                 if (part.transposed()) {
-                    order.resize(part.count() * item);
-                    part.channels_first_into(order.data(), program.threads);
-                    values = reinterpret_cast<const char *>(order.data());
+                    unsigned char *order = program.scratch.get(part.count() * item);
+                    part.channels_first_into(order, program.threads);
+                    values = reinterpret_cast<const char *>(order);
                 }
                 const int64_t bytes = part.dims[1] * plane;
                 for (int64_t n = 0; n < images; ++n)
@@ -1849,11 +1871,12 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         slot.data = nullptr;  // inputs are the caller's
         slot.channels_last = false;
     }
-    size_t kept = program->scratch.capacity();
+    size_t kept = program->scratch.bytes() + program->upsampled.bytes();
     for (const auto &memory : program->pool) kept += memory.capacity;
     if (kept > KEEP_PROGRAM_BYTES) {
         program->pool.clear();
-        std::vector<unsigned char>().swap(program->scratch);
+        program->scratch.release();
+        program->upsampled.release();
     }
     if (!error.empty())
         PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
