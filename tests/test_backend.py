@@ -301,16 +301,17 @@ def test_a_bias_past_int32_levels_stays_out_of_qlinear_conv():
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("head", ["quantized", "sigmoid"])
-def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head):
+@pytest.mark.parametrize("head, channels", [("quantized", 5), ("sigmoid", 5), ("sigmoid", 1)])
+def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head, channels):
     """ConvTranspose with stride = kernel (each output pixel reads one input pixel) is a matmul of the
-    pixels' channels and its outputs laid out again: on the native engine, the same bits as lpt's kernels."""
+    pixels' channels and its outputs laid out again: on the native engine, the same bits as lpt's kernels.
+    One channel: a text detector's probability map, laid out as runs of two floats."""
     import lpt.native
     from tests.transformations.builders import Graph
 
     g = Graph()
-    up = g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(100)), g.weight((24, 5, 2, 2), axis=1),
-                                g.const(g.rng.normal(size=5).astype(np.float32))], strides=[2, 2])
+    up = g.op("ConvTranspose", [g.fq("x", 0.02, np.uint8(100)), g.weight((24, channels, 2, 2), axis=1),
+                                g.const(g.rng.normal(size=channels).astype(np.float32))], strides=[2, 2])
     if head == "quantized":
         g.op("Relu", [g.fq(g.op("Relu", [up]), 0.05, np.uint8(0))], name="y")
     else:  # a text detector's probability map: Sigmoid, in f32
@@ -321,7 +322,7 @@ def test_a_decoders_2x2_upsampling_runs_on_the_native_engine_as_a_matmul(head):
     step = next(s for s in plan.steps if "ConvTransposeInteger" in s.op_types)
     x = RNG.uniform(-2, 3, (2, 24, 5, 7)).astype(np.float32)
     ours = plan.run({"x": x})["y"]
-    assert ours.shape == (2, 5, 10, 14)
+    assert ours.shape == (2, channels, 10, 14)
     np.testing.assert_array_equal(ours, compile_model(m, native=False).run({"x": x})["y"])
     if lpt.native.available() and lpt.native.route() is not None:
         assert step.engine == lpt.native.engine_name(lpt.native.route())

@@ -75,6 +75,26 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
     lpt_parallel::for_each(images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1,
                            images * oh, [=](int64_t row) {
         const int64_t n = row / oh, y = row % oh;
+        if (p.stride_w == 1) {
+            // A tap's values for the whole output row are one run of the source row (the positions
+            // where it falls inside), so the row is the maximum of runs of bytes, taken with vectors.
+            // PaddleOCR's detector's 2×2 pool of 24 channels over 320×320: 2.2 ms position by position.
+            T *o = out + (n * oh + y) * ow * channels;
+            std::fill(o, o + ow * channels, std::numeric_limits<T>::min());
+            for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+                const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
+                if (iy < 0 || iy >= h) continue;
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                    const int64_t shift = kx * p.dilation_w - p.pad_left;  // ix = x + shift
+                    const int64_t first = std::max<int64_t>(0, -shift), end = std::min(ow, w - shift);
+                    if (first >= end) continue;
+                    const T *in = src + ((n * h + iy) * w + first + shift) * channels;
+                    T *to = o + first * channels;
+                    for (int64_t i = 0; i < (end - first) * channels; ++i) to[i] = std::max(to[i], in[i]);
+                }
+            }
+            return;
+        }
         for (int64_t x = 0; x < ow; ++x) {
             T *o = out + ((n * oh + y) * ow + x) * channels;
             std::fill(o, o + channels, std::numeric_limits<T>::min());
@@ -204,25 +224,32 @@ void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n,
 
 void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
                        float *out, int threads) {
+    // Images and, for fewer images than threads, each image's channels in one part per thread, added in a
+    // part's own array (parts of `out` side by side share a cache line): one image's 96 channels of
+    // 160×160 took 1 ms on one thread. Each channel's values are still added in position order.
     const float count = (float)positions;
-    lpt_parallel::for_each(images * channels * positions >= PARALLEL_WORK ? threads : 1, images, [=](int64_t n) {
-        float *sum = out + n * channels;
-        if (positions == 0) {
-            std::fill(sum, sum + channels, 0.0f);  // 0 / 0: NaN, as numpy
-        } else if (channels_last) {  // position by position, each channel's sum in the same order as below
-            const float *in = x + n * positions * channels;
-            std::copy(in, in + channels, sum);
-            for (int64_t p = 1; p < positions; ++p)
-                for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] + in[p * channels + c];
-        } else {
-            for (int64_t c = 0; c < channels; ++c) {
-                const float *in = x + (n * channels + c) * positions;
+    const int parallel = images * channels * positions >= PARALLEL_WORK ? threads : 1;
+    const int64_t parts = images >= parallel ? 1 : parallel,
+                  part = ((channels + parts - 1) / parts + 7) / 8 * 8, blocks = (channels + part - 1) / part;
+    lpt_parallel::for_each(parallel, images * blocks, [=](int64_t task) {
+        const int64_t n = task / blocks, c0 = task % blocks * part, width = std::min(channels, c0 + part) - c0;
+        std::vector<float> sum(width, 0.0f);  // 0 / 0 for an empty map: NaN, as numpy
+        if (positions > 0 && channels_last) {  // position by position, each channel's sum in the same order as below
+            const float *in = x + n * positions * channels + c0;
+            std::copy(in, in + width, sum.data());
+            for (int64_t p = 1; p < positions; ++p) {
+                const float *row = in + p * channels;
+                for (int64_t c = 0; c < width; ++c) sum[c] = sum[c] + row[c];
+            }
+        } else if (positions > 0) {
+            for (int64_t c = 0; c < width; ++c) {
+                const float *in = x + (n * channels + c0 + c) * positions;
                 float s = in[0];
                 for (int64_t p = 1; p < positions; ++p) s = s + in[p];
                 sum[c] = s;
             }
         }
-        for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] / count;
+        for (int64_t c = 0; c < width; ++c) out[n * channels + c0 + c] = sum[c] / count;
     });
 }
 

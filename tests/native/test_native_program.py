@@ -88,15 +88,22 @@ def test_mean_equals_lpts_global_average_pool(seed, shape, channels_last):
     assert same_bits(got, expected)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
-       st.integers(1, 2), st.integers(0, 2), st.sampled_from([np.uint8, np.int8]))
-def test_max_pool_equals_lpts_max_pool(seed, kh, kw, sh, sw, dilation, pad, dtype):
+       st.integers(1, 2), st.integers(0, 2), st.sampled_from([np.uint8, np.int8]), st.booleans())
+def test_max_pool_equals_lpts_max_pool(seed, kh, kw, sh, sw, dilation, pad, dtype, channels_last):
+    """Channels-last, through a 1x1 identity convolution whose output lies so: stride 1 along a row
+    takes each tap's run of the row whole."""
     rng = np.random.default_rng(seed)
     q = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (2, 3, 11, 9)).astype(dtype)
     pads = (min(pad, kh - 1), min(pad, kw - 1), pad and kh - 1, 0)  # ONNX: a pad smaller than the kernel
     window = ((kh, kw), (sh, sw), (dilation, dilation), pads)
-    program = Program([("max_pool", ["q"], "y", window)], ["q"], ["y"], threads=2)
+    instructions = [("max_pool", ["q"], "y", window)]
+    if channels_last:
+        identity = lpt.native.Conv(np.eye(3, dtype=np.int8).reshape(3, 3, 1, 1), src_zero_point=0,
+                                   multiplier=np.float32(1.0), dst_scale=1.0, dst_dtype=dtype)
+        instructions.insert(0, ("layer", ["x"], "q", identity.instruction[1]))
+    program = Program(instructions, ["x" if channels_last else "q"], ["y"], threads=2)
     expected = max_pool_q(q, (kh, kw), (sh, sw), pads, (dilation, dilation))
     assert same_bits(program(q)[0], expected)
 
