@@ -177,6 +177,39 @@ __attribute__((target("avx2"))) inline __m256 round_even(__m256 v, __m256 magic)
     return _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
 }
 
+// The quantization that ends an 8-bit output stage, its constants in registers.
+struct Quantizer {
+    __m256 scale, zero_point, low, high, magic;
+};
+
+__attribute__((target("avx2"))) inline Quantizer quantizer(float scale, int zero_point, int qmin, int qmax) {
+    return {_mm256_set1_ps(scale), _mm256_set1_ps((float)zero_point), _mm256_set1_ps((float)(qmin - zero_point)),
+            _mm256_set1_ps((float)(qmax - zero_point)), _mm256_set1_ps(12582912.0f)};
+}
+
+// Sixteen values (x0 the first eight) as saturate(rint(x / scale) + zero_point) into `valid` T at o.
+template <typename T>
+__attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1, const Quantizer &q, int64_t valid,
+                                                            T *o) {
+    // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
+    const __m256i level0 = _mm256_cvttps_epi32(
+                      _mm256_add_ps(round_even(clamp(_mm256_div_ps(x0, q.scale), q.low, q.high), q.magic), q.zero_point)),
+                  level1 = _mm256_cvttps_epi32(
+                      _mm256_add_ps(round_even(clamp(_mm256_div_ps(x1, q.scale), q.low, q.high), q.magic), q.zero_point));
+    // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(level0, level1), 0xD8);
+    const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
+    const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm_packus_epi16(low_words, high_words)
+                                                     : _mm_packs_epi16(low_words, high_words);
+    if (valid == LANES) {
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(o), bytes);
+    } else {
+        alignas(16) T all[LANES];
+        _mm_store_si128(reinterpret_cast<__m128i *>(all), bytes);
+        std::memcpy(o, all, valid * sizeof(T));
+    }
+}
+
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
@@ -185,9 +218,7 @@ __attribute__((target("avx2"))) inline __m256 round_even(__m256 v, __m256 magic)
 template <typename T>
 __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
                                            int64_t valid, T *out, int64_t out_stride) {
-    const __m256 scale = _mm256_set1_ps(e.scale), zero_point = _mm256_set1_ps((float)e.zero_point),
-                 low = _mm256_set1_ps((float)(e.qmin - e.zero_point)),
-                 high = _mm256_set1_ps((float)(e.qmax - e.zero_point)), magic = _mm256_set1_ps(12582912.0f);
+    const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
     const VectorPostOps ops = vector_post_ops(e);
     const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
     const __m256 bias[2] = {e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
@@ -233,23 +264,7 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
                 std::memcpy(o, values, valid * sizeof(float));
             }
         } else {
-            // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
-            const __m256i level0 = _mm256_cvttps_epi32(_mm256_add_ps(
-                              round_even(clamp(_mm256_div_ps(x0, scale), low, high), magic), zero_point)),
-                          level1 = _mm256_cvttps_epi32(_mm256_add_ps(
-                              round_even(clamp(_mm256_div_ps(x1, scale), low, high), magic), zero_point));
-            // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
-            const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(level0, level1), 0xD8);
-            const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
-            const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm_packus_epi16(low_words, high_words)
-                                                             : _mm_packs_epi16(low_words, high_words);
-            if (valid == LANES) {
-                _mm_storeu_si128(reinterpret_cast<__m128i *>(o), bytes);
-            } else {
-                alignas(16) T all[LANES];
-                _mm_store_si128(reinterpret_cast<__m128i *>(all), bytes);
-                std::memcpy(o, all, valid * sizeof(T));
-            }
+            store_quantized(x0, x1, quantize, valid, o);
         }
     }
 }
@@ -653,6 +668,28 @@ void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int
             case Epilogue::s8: stage(e, acc, 1, c0, valid, static_cast<int8_t *>(out) + c0, 0); break;
         }
     }
+}
+
+namespace {
+template <typename T>
+__attribute__((target("avx2"))) void quantize_values_typed(const float *x, int64_t n, const Quantizer &q, T *out) {
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) store_quantized(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i + 8), q, LANES, out + i);
+    if (i < n) {
+        alignas(32) float rest[LANES] = {};
+        std::memcpy(rest, x + i, (n - i) * sizeof(float));
+        store_quantized(_mm256_load_ps(rest), _mm256_load_ps(rest + 8), q, n - i, out + i);
+    }
+}
+}  // namespace
+
+__attribute__((target("avx2"))) void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin,
+                                                     int qmax, bool signed_out, void *out) {
+    const Quantizer q = quantizer(scale, zero_point, qmin, qmax);
+    if (signed_out)
+        quantize_values_typed(x, n, q, static_cast<int8_t *>(out));
+    else
+        quantize_values_typed(x, n, q, static_cast<uint8_t *>(out));
 }
 
 __attribute__((target("avx2"))) void pack_product_operand(const uint8_t *b, bool b_signed, int zero_point, int64_t k,

@@ -100,6 +100,11 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
 // hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
 void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
 
+// out[i] = saturate(rint(x[i] / scale) + zero_point) in [qmin, qmax], int8 or uint8: the output stage's last
+// step, and lpt's QuantizeLinear (lpt.kernels.quantize), sixteen values at a time. Needs AVX2.
+void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, bool signed_out,
+                     void *out);
+
 // Products of two activations (lpt.native.Product), a [M, K] × b [K, N] per batch: b − zb packed as int16
 // pairs along K, [ceil(K/2)][N rounded up to 8][2], zeros past K and N; each row of a − za as ceil(K/2)
 // int16 pairs. vpmaddwd adds each pair of products (at most 2·255·255) in int32: exact, as
