@@ -29,6 +29,8 @@ the same bits:
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
+    Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
+    Cast between float32, bool   numpy's astype                   none
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
 and a Gather from a constant table where the model's input holds its indices (a token embedding);
@@ -52,6 +54,9 @@ from lpt.numerics.exp import erf, sigmoid, tanh
 
 _FLOAT = ir.DataType.FLOAT
 _BINARY = {"Mul": (np.multiply, "mul"), "Add": (np.add, "add"), "Sub": (np.subtract, "sub"), "Div": (np.divide, "div")}
+_COMPARISONS = {"Greater": np.greater, "GreaterOrEqual": np.greater_equal, "Less": np.less,
+                "LessOrEqual": np.less_equal, "Equal": np.equal}
+_CASTS = {ir.DataType.FLOAT: np.float32, ir.DataType.BOOL: np.bool_}  # to and from: NaN → True, as ONNX's
 BACKEND = "lpt float32"  # Step.backend: float32 ops, not int8 kernels, and not onnxruntime's
 
 
@@ -82,8 +87,17 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _concat(node)
     if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _nearest_upsampling(node)
-    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None or node.inputs[0].dtype != _FLOAT:
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
         return None
+    if node.op_type == "Cast" and node.inputs[0].dtype in _CASTS and ir.DataType(attribute(node, "to", 0)) in _CASTS:
+        to = _CASTS[ir.DataType(attribute(node, "to"))]
+        return _float_step(lambda a: [np.asarray(a).astype(to)], [node.inputs[0]], node, None)
+    if node.inputs[0].dtype != _FLOAT:
+        return None
+    if node.op_type in _COMPARISONS and len(node.inputs) == 2 and node.inputs[1] is not None \
+            and node.inputs[1].dtype == _FLOAT:
+        compare = _COMPARISONS[node.op_type]
+        return _float_step(lambda a, b: [np.asarray(compare(a, b))], list(node.inputs), node, None)
     if node.op_type in _BINARY and any(v is None or v.dtype != _FLOAT for v in node.inputs):
         return None
     x = node.inputs[0]

@@ -18,6 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from lpt.backend.fallback import RegionRunner, region_inputs
+from lpt.backend.if_steps import try_if_step
 from lpt.backend import native_program
 from lpt.backend.float_steps import reads_model_input_from_a_table, try_float_step
 from lpt.backend.int8_steps import try_int8_step, try_join_step
@@ -103,7 +104,7 @@ def _typed(model: ir.Model) -> ir.Model:
 
 
 def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
-                  emulate: str | Emulation | None = None) -> Plan:
+                  emulate: str | Emulation | None = None, inputs_from_lpt: bool = False) -> Plan:
     """Resolve every node of `model` to a step: fused int8 chains on lpt's kernels, f32 regions on onnxruntime.
 
     `threads` is the thread count of the integer GEMM and of the onnxruntime sessions (0: one per core).
@@ -112,6 +113,9 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     `emulate="avx2"` computes the int8 layers as onnxruntime's u8 × s8 kernels on an AVX2 CPU without
     VNNI do, int16 pair saturation included (lpt.backend.emulation); such steps' `run.statistics`
     says what saturated.
+
+    `inputs_from_lpt`: the model is an If's branch (lpt.backend.if_steps), whose inputs lpt's steps make, so
+    the float32 ops that read them are taken as those between int8 steps are.
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
     over both branches; then every other node in order, and the float32 ops between int8 steps
@@ -148,8 +152,9 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
         fused = (try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node, threads, native)
-                 or try_scan_step(node, opsets, threads, native, emulate))
-        if fused is None and (_between_int8_steps(node, claimed, constants, own_results)
+                 or try_scan_step(node, opsets, threads, native, emulate)
+                 or try_if_step(node, opsets, claimed, threads, native, emulate))
+        if fused is None and (_between_int8_steps(node, claimed, constants, own_results, inputs_from_lpt)
                               or reads_model_input_from_a_table(node, constants)):
             fused = try_float_step(node, own_results)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
@@ -174,14 +179,17 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     return plan
 
 
-def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict, own_results: bool = True) -> bool:
+def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict, own_results: bool = True,
+                        inputs_from_lpt: bool = False) -> bool:
     """Whether one of lpt's steps makes a tensor `node` reads at run time, so that a float32 op there keeps
     the native program whole (lpt.backend.float_steps). Not where it would cut an onnxruntime region in two:
     when the graph's f32 part also feeds it, and a node reading its output would stay f32 (neither a float
     step nor a quantize), taking it leaves two sessions where there was one (a LayerNorm written out as
     ReduceMean, Sub, Pow, ... whose ReduceMean lpt does not take)."""
-    producers = [v.producer() for v in node.inputs if v is not None and v.name not in constants and v.producer() is not None]
-    if not any(id(p) in claimed for p in producers):
+    read = [v for v in node.inputs if v is not None and v.name not in constants]
+    producers = [v.producer() for v in read if v.producer() is not None]
+    reads_an_input = inputs_from_lpt and len(producers) < len(read)
+    if not reads_an_input and not any(id(p) in claimed for p in producers):
         return False
     if all(id(p) in claimed for p in producers):
         return True

@@ -1,0 +1,91 @@
+"""An If runs as a step of lpt's: its condition read, then the branch it names run as a plan of its own.
+
+Left in an onnxruntime region, an If costs a session call even where it only passes a value on
+(openWakeWord's classifiers end in `If(score >= threshold, verifier(x), score)`: 0.023 ms of a
+0.053 ms run, its else branch an Identity), and a branch holding int8 ops runs on onnxruntime's
+integer kernels, which on CPUs without VNNI saturate pairs of products (lpt.backend.emulation).
+Here each branch is compiled once, as a model whose inputs are the outer values it reads, into a
+plan: its int8 chains on lpt's kernels, its float32 ops as any plan places them.
+
+Taken: an If (default domain) whose condition one of lpt's steps makes, or whose branches hold
+integer ops, and whose branches read only outer values of known element type. Others stay in
+their onnxruntime region.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from lpt.backend.fallback import region_inputs
+from lpt.backend.float_steps import BACKEND as FLOAT_BACKEND
+from lpt.backend.step import Step
+from lpt.errors import DataError, LptError
+from lpt.graph.ops import QUANTIZED_OPS
+
+logger = logging.getLogger(__name__)
+
+
+def try_if_step(node: ir.Node, opsets: dict[str, int], claimed: set[int], threads: int, native: bool,
+                emulate=None) -> tuple[Step, list[ir.Node]] | None:
+    """(Step, [node]) for an If lpt runs (see the module doc), else None."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return None
+    branches = [node.attributes[name].value for name in ("then_branch", "else_branch") if name in node.attributes]
+    if len(branches) != 2:
+        return None
+    condition = node.inputs[0]
+    made_by_lpt = condition.producer() is not None and id(condition.producer()) in claimed
+    integer_ops = any(n.op_type in QUANTIZED_OPS for branch in branches for n in ir.traversal.RecursiveGraphIterator(branch))
+    if not (made_by_lpt or integer_ops):
+        return None
+    outer = [v for v in region_inputs([node]) if v is not condition]
+    if any(v.dtype is None for v in outer):
+        return None  # a branch's model declares its inputs' types
+    fed = [v for v in outer if v.const_value is None]  # the others go into the branches' models as constants
+    from lpt.backend.plan import compile_model  # here: lpt.backend.plan imports this module
+
+    try:
+        plans = [compile_model(_branch_model(branch, outer, opsets), threads=threads, native=native, emulate=emulate,
+                               inputs_from_lpt=made_by_lpt) for branch in branches]
+    except LptError as why:
+        logger.info("%s stays in onnxruntime: a branch does not compile (%s)", node.name, why)
+        return None
+    names = [v.name for v in fed]
+    calls = [_call(plan, names) for plan in plans]
+
+    def run(cond, *values):
+        cond = np.asarray(cond)
+        if cond.size != 1:
+            raise DataError(f"{node.name}: an If's condition holds {cond.size} values, not one")
+        return calls[0 if bool(cond.reshape(-1)[0]) else 1](values)
+
+    step = Step(run, (condition.name, *names), tuple(v.name for v in node.outputs), (node.name,), (node.op_type,),
+                "int8 kernel" if integer_ops else FLOAT_BACKEND)
+    return step, [node]
+
+
+def _call(plan, names: list[str]):
+    """outer values (in `names`' order) → the branch's outputs"""
+    def call(values):
+        results = plan.run(dict(zip(names, values)))
+        return [results[name] for name in plan.outputs]
+    return call
+
+
+def _branch_model(branch: ir.Graph, outer: list[ir.Value], opsets: dict[str, int]) -> ir.Model:
+    """A model of its own holding a copy of `branch`: the outer constants it may read as its initializers,
+    the other outer values as its inputs (every one, read by this branch or not)."""
+    graph = ir.serde.serialize_graph(branch)
+    for value in outer:
+        if value.const_value is not None:
+            graph.initializer.append(ir.serde.serialize_tensor(value.const_value))
+            graph.initializer[-1].name = value.name
+        else:
+            dims = None if value.shape is None else [d if isinstance(d, int) else None for d in value.shape]
+            graph.input.append(onnx.helper.make_tensor_value_info(value.name, value.dtype.value, dims))
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    return ir.serde.deserialize_model(proto)
