@@ -20,11 +20,25 @@ constexpr float TANH_NEAR[] = {-5.70498872745e-3f, 2.06390887954e-2f, -5.3739715
                                 -3.33332819422e-1f};
 constexpr float TANH_SPLIT = 0.625f;
 
-constexpr float ERF_NEAR[] = {-5.654105917e-04f, 4.923277535e-03f, -2.671638504e-02f, 1.128036454e-01f,
-                               -3.761234879e-01f, 1.128379107e+00f};
-constexpr float ERF_FAR[] = {1.415300276e-02f, 6.365009397e-02f, -3.761732578e-01f, 4.714790881e-01f,
-                              -4.870868102e-02f, 3.269782662e-01f, 2.645796835e-01f, 2.842616439e-01f,
-                              -1.166237707e-04f};
+// ERF_TERMS[j][k]: the coefficient of t^(6 − j) on the half unit k of [0, 4) (exp.py says how they were fitted)
+constexpr int ERF_DEGREE = 6;
+alignas(32) constexpr float ERF_TERMS[ERF_DEGREE + 1][8] = {
+    {-1.797866449e-02f, 1.421151496e-02f, -2.059773728e-02f, -9.049494751e-03f, 2.779565286e-03f, 1.667850534e-03f,
+     2.737584582e-04f, 2.069242328e-05f},
+    {-3.496961668e-02f, -3.727068380e-02f, 4.677693173e-02f, -5.969540216e-03f, -1.058114227e-02f, -2.825833391e-03f,
+     -3.326159786e-04f, -2.020526335e-05f},
+    {8.901758492e-02f, -2.486116998e-02f, 6.132035051e-03f, 4.810552299e-02f, 1.908825710e-02f, 3.257710487e-03f,
+     2.861694375e-04f, 1.378540856e-05f},
+    {1.046917588e-01f, 1.693242341e-01f, -1.675230861e-01f, -9.017766267e-02f, -2.172697894e-02f, -2.758207032e-03f,
+     -1.952192833e-04f, -7.911728062e-06f},
+    {-3.353509605e-01f, -1.002174690e-01f, 2.956517339e-01f, 9.235620499e-02f, 1.607015729e-02f, 1.612267457e-03f,
+     9.486933413e-05f, 3.306070994e-06f},
+    {-1.811654866e-01f, -4.070351124e-01f, -2.365212291e-01f, -5.277483538e-02f, -7.142299786e-03f, -5.862942780e-04f,
+     -2.919364670e-05f, -8.818866490e-07f},
+    {1.105305552e+00f, 9.482074976e-01f, 7.709987462e-02f, 1.332832873e-02f, 1.462716726e-03f, 1.006219100e-04f,
+     4.302769867e-06f, 1.137258892e-07f},
+};
+alignas(32) constexpr float ERF_CENTRES[8] = {0.25f, 0.75f, 1.25f, 1.75f, 2.25f, 2.75f, 3.25f, 3.75f};
 
 inline float exp(float t) {
     if (t != t) return t;
@@ -63,19 +77,13 @@ inline float tanh(float x) {
 
 inline float erf(float x) {
     if (x != x) return x;
-    const float a = x < 0.0f ? -x : x, z = a * a;
-    float y = 1.0f;
-    if (a < 1.0f) {
-        float p = ERF_NEAR[0];
-        for (int i = 1; i < 6; ++i) p = p * z + ERF_NEAR[i];
-        y = p * a;
-    } else if (a < 4.0f) {
-        const float s = 1.0f / (1.0f + a * 0.5f);
-        float q = ERF_FAR[0];
-        for (int i = 1; i < 9; ++i) q = q * s + ERF_FAR[i];
-        y = 1.0f - exp(-z) * q;
-    }
-    return __builtin_copysignf(y, x);
+    const float a = x < 0.0f ? -x : x;
+    if (!(a < 4.0f)) return __builtin_copysignf(1.0f, x);
+    const int k = (int)(a * 2.0f);  // below 8 here: fmin's 7 changes nothing
+    const float t = a - ERF_CENTRES[k];
+    float p = ERF_TERMS[0][k];
+    for (int j = 1; j <= ERF_DEGREE; ++j) p = p * t + ERF_TERMS[j][k];
+    return __builtin_copysignf(a < 1.0f ? a * p : 1.0f - p, x);
 }
 
 // exp on N vectors of eight lanes, in place, the same float32 operations in the same order: max(t, LOW)
@@ -140,43 +148,31 @@ __attribute__((target("avx2"))) inline __m256 tanh_lanes(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-// erf on N vectors of eight lanes, in place, their steps interleaved as exp_lanes_n's: each lane takes its
-// own range's value, as numpy's where does. The far range (an exp, a division and nine terms) is
-// computed only where a lane needs it.
+// erf on N vectors of eight lanes, in place, their steps interleaved as exp_lanes_n's: each lane's
+// coefficients picked from the eight-lane tables by its interval k (vpermps), so that every lane takes one
+// polynomial; min(a·2, 7) gives 7 for a NaN, as fmin does, and the NaN lanes take x at the end.
 template <int N>
 __attribute__((target("avx2"))) inline void erf_lanes_n(__m256 *x) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), four = _mm256_set1_ps(4.0f);
-    __m256 a[N], z[N], p[N], is_near[N], is_far[N];
-    int between = 0;  // whether a lane is in [1, 4)
+    const __m256 centres = _mm256_load_ps(ERF_CENTRES);
+    __m256 a[N], t[N], p[N];
+    __m256i k[N];
     for (int v = 0; v < N; ++v) {
         a[v] = _mm256_andnot_ps(sign, x[v]);
-        z[v] = _mm256_mul_ps(a[v], a[v]);
-        p[v] = _mm256_set1_ps(ERF_NEAR[0]);
-        is_near[v] = _mm256_cmp_ps(a[v], one, _CMP_LT_OQ);
-        is_far[v] = _mm256_cmp_ps(a[v], four, _CMP_LT_OQ);
-        between |= _mm256_movemask_ps(_mm256_andnot_ps(is_near[v], is_far[v]));
+        k[v] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_mul_ps(a[v], _mm256_set1_ps(2.0f)), _mm256_set1_ps(7.0f)));
+        t[v] = _mm256_sub_ps(a[v], _mm256_permutevar8x32_ps(centres, k[v]));
+        p[v] = _mm256_permutevar8x32_ps(_mm256_load_ps(ERF_TERMS[0]), k[v]);
     }
-    for (int i = 1; i < 6; ++i)
-        for (int v = 0; v < N; ++v) p[v] = _mm256_add_ps(_mm256_mul_ps(p[v], z[v]), _mm256_set1_ps(ERF_NEAR[i]));
-    __m256 y[N];
-    for (int v = 0; v < N; ++v) y[v] = one;  // |x| ≥ 4 (and NaN, replaced below)
-    if (between) {
-        __m256 s[N], q[N], e[N];
-        for (int v = 0; v < N; ++v) {
-            s[v] = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(a[v], _mm256_set1_ps(0.5f))));
-            q[v] = _mm256_set1_ps(ERF_FAR[0]);
-            e[v] = _mm256_xor_ps(z[v], sign);
-        }
-        for (int i = 1; i < 9; ++i)
-            for (int v = 0; v < N; ++v) q[v] = _mm256_add_ps(_mm256_mul_ps(q[v], s[v]), _mm256_set1_ps(ERF_FAR[i]));
-        exp_lanes_n<N>(e);
+    for (int j = 1; j <= ERF_DEGREE; ++j) {
+        const __m256 terms = _mm256_load_ps(ERF_TERMS[j]);
         for (int v = 0; v < N; ++v)
-            y[v] = _mm256_blendv_ps(one, _mm256_sub_ps(one, _mm256_mul_ps(e[v], q[v])), is_far[v]);
+            p[v] = _mm256_add_ps(_mm256_mul_ps(p[v], t[v]), _mm256_permutevar8x32_ps(terms, k[v]));
     }
     for (int v = 0; v < N; ++v) {
-        y[v] = _mm256_blendv_ps(y[v], _mm256_mul_ps(p[v], a[v]), is_near[v]);
-        y[v] = _mm256_or_ps(y[v], _mm256_and_ps(x[v], sign));  // x's sign: y is not negative
-        x[v] = _mm256_blendv_ps(y[v], x[v], _mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q));
+        __m256 y = _mm256_blendv_ps(_mm256_sub_ps(one, p[v]), _mm256_mul_ps(a[v], p[v]), _mm256_cmp_ps(a[v], one, _CMP_LT_OQ));
+        y = _mm256_blendv_ps(one, y, _mm256_cmp_ps(a[v], four, _CMP_LT_OQ));
+        y = _mm256_or_ps(y, _mm256_and_ps(x[v], sign));  // x's sign: y is not negative
+        x[v] = _mm256_blendv_ps(y, x[v], _mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q));
     }
 }
 
