@@ -979,7 +979,8 @@ enum class Code {
     // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
-    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather
+    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather,
+    folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
 struct Instruction {
@@ -993,6 +994,8 @@ struct Instruction {
     bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
     bool count_include_pad = false;  // average_pool
     char op = 0;                     // binary: '*', '+', '-' or '/'
+    bool quantized = false;          // binary: into 8-bit values, as quantize_to says (fold_quantizes)
+    lpt_ops::QuantizeTo quantize_to;
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0; gelu: divisor, one
     float low = 0, high = 0;              // clip
@@ -1248,6 +1251,7 @@ bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big)
 }
 
 void step(Program &program, const Instruction &ins) {
+    if (ins.code == Code::folded) return;
     std::vector<Slot> &slots = program.slots;
     Slot &out = slots[ins.out];
     const Slot &a = slots[ins.in[0]];
@@ -1425,7 +1429,19 @@ void step(Program &program, const Instruction &ins) {
             const Slot &big = small_first ? b : a, &small = small_first ? a : b;
             out.dims = big.dims;
             out.channels_last = big.transposed();
-            float *o = static_cast<float *>(out.allocate('f', big.count()));
+            void *o = out.allocate(!ins.quantized ? 'f' : ins.quantize_to.is_signed ? 'b' : 'B', big.count());
+            // out's values from `first` on = big's from `first` on ∘ small (lpt_ops::binary's arguments)
+            auto binary = [&](const float *small_values, int64_t first, int64_t images, int64_t channels,
+                              int64_t positions, bool channels_last) {
+                const float *big_values = static_cast<const float *>(big.data) + first;
+                if (ins.quantized)
+                    lpt_ops::binary_quantized(ins.op, big_values, small_values, small_first, images, channels, positions,
+                                              channels_last, ins.quantize_to, static_cast<char *>(o) + first,
+                                              program.threads);
+                else
+                    lpt_ops::binary(ins.op, big_values, small_values, small_first, images, channels, positions,
+                                    channels_last, static_cast<float *>(o) + first, program.threads);
+            };
             const float *values = static_cast<const float *>(small.data);
             if (big.dims == small.dims) {
                 if (small.transposed() != big.transposed()) {  // in big's layout
@@ -1434,30 +1450,24 @@ void step(Program &program, const Instruction &ins) {
                     else small.channels_first_into(order, program.threads);
                     values = reinterpret_cast<const float *>(order);
                 }
-                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, 0, big.count(),
-                                false, o, program.threads);
+                binary(values, 0, 1, 0, big.count(), false);
             } else if (small.count() == 1 && small.dims.size() <= big.dims.size()) {
-                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, -1, big.count(),
-                                false, o, program.threads);
+                binary(values, 0, 1, -1, big.count(), false);
             } else if (small.dims.size() == big.dims.size() && small.dims.back() == 1 && !big.transposed() &&
                        std::equal(small.dims.begin(), small.dims.end() - 1, big.dims.begin())) {
                 // one value per row, [..., 1] over [..., n]: a written-out LayerNorm's mean
                 const int64_t n = big.dims.back();
-                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, 1, n ? big.count() / n : 0,
-                                n, false, o, program.threads);
+                binary(values, 0, 1, n ? big.count() / n : 0, n, false);
             } else if (repeats(small.dims, big.dims) && !big.transposed() && !small.transposed()) {
                 // small once per leading index of big ([1, T, C] over [N, T, C]: a position embedding)
                 const int64_t times = big.count() / small.count();
-                for (int64_t t = 0; t < times; ++t)
-                    lpt_ops::binary(ins.op, static_cast<const float *>(big.data) + t * small.count(), values,
-                                    small_first, 1, 0, small.count(), false, o + t * small.count(), program.threads);
+                for (int64_t t = 0; t < times; ++t) binary(values, t * small.count(), 1, 0, small.count(), false);
             } else {
                 // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial]: a squeeze-excite's scale
                 if (big.dims.size() < 3 || small.dims.size() != big.dims.size() || small.dims[0] != big.dims[0] ||
                     small.dims[1] != big.dims[1] || small.positions() != 1)
                     throw Unsupported("a binary op that broadcasts other than one value, or one per channel");
-                lpt_ops::binary(ins.op, static_cast<const float *>(big.data), values, small_first, big.dims[0],
-                                big.dims[1], big.positions(), big.transposed(), o, program.threads);
+                binary(values, 0, big.dims[0], big.dims[1], big.positions(), big.transposed());
             }
             break;
         }
@@ -1616,6 +1626,25 @@ void step(Program &program, const Instruction &ins) {
             view_as(out, a, {outer, outer ? a.count() / outer : 0}, program.threads);  // the channels-first order
             break;
         }
+    }
+}
+
+// A binary op whose float32 result only the quantize right after it reads writes that quantize's 8-bit output
+// itself, and the quantize does nothing (Code::folded): the float32 tensor between them is never written
+// nor read again. PaddleOCR's detector has seven: a residual Add's sum, quantized for the next layer.
+void fold_quantizes(Program &program) {
+    std::vector<int> reads(program.slots.size(), 0);
+    for (const Instruction &ins : program.code)
+        for (int slot : ins.in) ++reads[slot];
+    for (int slot : program.outputs) ++reads[slot];
+    for (size_t i = 0; i + 1 < program.code.size(); ++i) {
+        Instruction &op = program.code[i], &quantize = program.code[i + 1];
+        if (op.code != Code::binary || quantize.code != Code::quantize || quantize.in[0] != op.out || reads[op.out] != 1)
+            continue;
+        op.quantized = true;
+        op.quantize_to = {quantize.scale, quantize.zero_point, quantize.qmin, quantize.qmax, quantize.signed_out};
+        op.out = quantize.out;
+        quantize.code = Code::folded;
     }
 }
 
@@ -1807,6 +1836,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
             program->code.push_back(std::move(ins));
         }
         if (PyErr_Occurred()) return nullptr;
+        fold_quantizes(*program);
         plan_memory(*program);
     } catch (const std::exception &e) {
         return fail(e);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "exp.h"
+#include "integer_ops.h"
 #include "parallel.h"
 #include "s16.h"
 
@@ -366,20 +367,44 @@ inline float apply(float x, float y) {
     return OP == '*' ? x * y : OP == '+' ? x + y : OP == '-' ? x - y : x / y;
 }
 
-template <char OP>
+// Where binary_op's values go: float32 `out` itself, or a thread's buffer quantized into 8-bit `out` as each
+// run of values is done (a quantize alone reads the op's result: its float32 tensor is never written).
+struct FloatValues {
+    float *out;
+    float *values(int64_t start, int64_t) const { return out + start; }
+    void done(const float *, int64_t, int64_t) const {}
+};
+
+struct QuantizedValues {
+    QuantizeTo to;
+    void *out;
+    float *values(int64_t, int64_t count) const {
+        thread_local std::vector<float> buffer;
+        if ((int64_t)buffer.size() < count) buffer.resize(count);
+        return buffer.data();
+    }
+    void done(const float *values, int64_t start, int64_t count) const {
+        quantize_run(values, count, to.scale, to.zero_point, to.qmin, to.qmax,
+                     static_cast<char *>(out) + start, to.is_signed);
+    }
+};
+
+template <char OP, typename Sink>
 void binary_op(const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
-               int64_t positions, bool channels_last, float *out, int threads) {
+               int64_t positions, bool channels_last, int threads, const Sink &sink) {
     auto combine = [small_first](float b, float s) { return small_first ? apply<OP>(s, b) : apply<OP>(b, s); };
     if (channels <= 0) {  // elementwise, or one value
-        const int64_t n = images * positions;
-        lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, n,
-                               [=](int64_t i) { out[i] = combine(big[i], channels == 0 ? small[i] : small[0]); });
+        each_block(images * positions, threads, [=](int64_t start, int64_t count) {
+            float *o = sink.values(start, count);
+            for (int64_t i = 0; i < count; ++i) o[i] = combine(big[start + i], channels == 0 ? small[start + i] : small[0]);
+            sink.done(o, start, count);
+        });
         return;
     }
     const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
     lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) {
         const float *b = big + r * width;
-        float *o = out + r * width;
+        float *o = sink.values(r * width, width);
         if (channels_last) {  // a row of channels: small's row for the image
             const float *s = small + r / positions * channels;
             for (int64_t c = 0; c < width; ++c) o[c] = combine(b[c], s[c]);
@@ -387,18 +412,32 @@ void binary_op(const float *big, const float *small, bool small_first, int64_t i
             const float s = small[r];
             for (int64_t p = 0; p < width; ++p) o[p] = combine(b[p], s);
         }
+        sink.done(o, r * width, width);
     });
+}
+
+template <typename Sink>
+void binary_to(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+               int64_t positions, bool channels_last, int threads, const Sink &sink) {
+    switch (op) {
+        case '*': return binary_op<'*'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
+        case '+': return binary_op<'+'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
+        case '-': return binary_op<'-'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
+        default: return binary_op<'/'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
+    }
 }
 }  // namespace
 
 void binary(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
             int64_t positions, bool channels_last, float *out, int threads) {
-    switch (op) {
-        case '*': return binary_op<'*'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
-        case '+': return binary_op<'+'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
-        case '-': return binary_op<'-'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
-        default: return binary_op<'/'>(big, small, small_first, images, channels, positions, channels_last, out, threads);
-    }
+    binary_to(op, big, small, small_first, images, channels, positions, channels_last, threads, FloatValues{out});
+}
+
+void binary_quantized(char op, const float *big, const float *small, bool small_first, int64_t images,
+                      int64_t channels, int64_t positions, bool channels_last, const QuantizeTo &to, void *out,
+                      int threads) {
+    binary_to(op, big, small, small_first, images, channels, positions, channels_last, threads,
+              QuantizedValues{to, out});
 }
 
 void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads) {

@@ -30,6 +30,16 @@ void hard_swish(const float *x, int64_t n, float *out, int threads);
 // `channels_last`), small [images, channels].
 void binary(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
             int64_t positions, bool channels_last, float *out, int threads);
+// The same values quantized as lpt.kernels.quantize does, into 8-bit `out`: a binary op whose result only a
+// quantize reads, in one pass (the float32 tensor between them is never written).
+struct QuantizeTo {
+    float scale = 1.0f;
+    int zero_point = 0, qmin = 0, qmax = 255;
+    bool is_signed = false;
+};
+void binary_quantized(char op, const float *big, const float *small, bool small_first, int64_t images,
+                      int64_t channels, int64_t positions, bool channels_last, const QuantizeTo &to, void *out,
+                      int threads);
 // x > 0 or NaN ? x : 0 (lpt.kernels.float_ops.relu: −0 becomes 0).
 void relu(const float *x, int64_t n, float *out, int threads);
 // min(max(x·α + β, 0), 1) as numpy's minimum and maximum compute it (a NaN stays).

@@ -156,6 +156,18 @@ void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t
         transpose_typed(static_cast<const uint32_t *>(src), static_cast<uint32_t *>(dst), images, rows, columns, threads);
 }
 
+void quantize_run(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out,
+                  bool signed_out) {
+    if (lpt_s16::supported()) return lpt_s16::quantize_values(x, n, scale, zero_point, qmin, qmax, signed_out, out);
+    float levels[BLOCK];
+    for (int64_t start = 0; start < n; start += BLOCK) {
+        const int64_t count = std::min(BLOCK, n - start);
+        std::copy(x + start, x + start + count, levels);
+        quantize_block(levels, count, scale, zero_point, qmin, qmax);
+        store_block(levels, count, static_cast<char *>(out) + start, signed_out);
+    }
+}
+
 void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
               int threads) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;

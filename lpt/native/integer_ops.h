@@ -7,6 +7,9 @@
 
 namespace lpt_ops {
 
+// The same as quantize() below on this thread alone, for a run of values another loop has just computed.
+void quantize_run(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out,
+                  bool signed_out);
 // q = saturate(rint(x / scale) + zero_point) (ONNX QuantizeLinear, per tensor), into uint8 or int8.
 void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, void *out, bool signed_out,
               int threads);

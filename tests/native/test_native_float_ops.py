@@ -14,6 +14,7 @@ import lpt.native
 from lpt.kernels import (average_pool, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
                          slope_and_clip, softmax)
 from lpt.native import Unsupported
+from lpt.kernels.quantize import quantize
 from lpt.native.program import Program
 from lpt.numerics.exp import erf, sigmoid, tanh
 
@@ -84,11 +85,13 @@ OPERATIONS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.d
 
 @given(seed=st.integers(0, 2**32 - 1), operation=st.sampled_from(sorted(OPERATIONS)), layouts=st.tuples(
     st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
-       other=st.sampled_from(["same", "per_channel", "scalar", "repeated", "per_row"]), swapped=st.booleans())
-@settings(max_examples=60, deadline=None)
-def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped):
+       other=st.sampled_from(["same", "per_channel", "scalar", "repeated", "per_row"]), swapped=st.booleans(),
+       quantized=st.sampled_from([None, (0.05, 128, 0, 255, False), (0.02, -3, -128, 127, True)]))
+@settings(max_examples=80, deadline=None)
+def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped, quantized):
     """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W], one
-    value per row, or one image's values over every image, on either side (Sub and Div keep the operands' order)."""
+    value per row, or one image's values over every image, on either side (Sub and Div keep the operands' order).
+    Quantized right after (a residual sum for the next layer): the engine writes the levels in the same pass."""
     rng = np.random.default_rng(seed)
     make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
     if other == "same":
@@ -102,10 +105,14 @@ def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, s
             make_a, feeds_a, a = source(rng, (2, 6, 5, 4), "channels_first")  # these: channels-first only
         make_b, feeds_b = [], {"b": b}
     operands = ["b", "x"] if swapped else ["x", "b"]
-    program = Program(make_a + make_b + [("binary", operands, "y", operation)], list(feeds_a) + list(feeds_b), ["y"],
-                      threads=2)
+    then = [("quantize", ["y"], "z", quantized)] if quantized else []
+    program = Program(make_a + make_b + [("binary", operands, "y", operation)] + then, list(feeds_a) + list(feeds_b),
+                      ["z" if quantized else "y"], threads=2)
     [y] = program(*feeds_a.values(), *feeds_b.values())
-    assert same_bits(y, OPERATIONS[operation](*((b, a) if swapped else (a, b))))
+    expected = OPERATIONS[operation](*((b, a) if swapped else (a, b)))
+    if quantized:
+        expected = quantize(expected, *quantized[:4])
+    assert same_bits(y, expected)
 
 
 @pytest.mark.parametrize("layouts", [("channels_first", "channels_last"), ("channels_last", "channels_first"),
