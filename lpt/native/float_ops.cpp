@@ -82,6 +82,14 @@ __attribute__((target("avx2"))) void softmax_row_avx2(const float *x, int64_t n,
     const float m = row_max_avx2(x, n);
     const __m256 shift = _mm256_set1_ps(m);
     int64_t i = 0;
+    // four vectors at a time, their exps' chains interleaved (exp_lanes_n): PaddleOCR's recognizer's last
+    // Softmax, 40 rows of 18 710 classes, took 1.13 ms one vector at a time, 0.77 so (one thread)
+    for (; i + 32 <= n; i += 32) {
+        __m256 v[4];
+        for (int k = 0; k < 4; ++k) v[k] = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), shift);
+        lpt_exp::exp_lanes_n<4>(v);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(e + i + 8 * k, v[k]);
+    }
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(e + i, lpt_exp::exp_lanes(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
     for (; i < n; ++i) e[i] = lpt_exp::exp(x[i] - m);
@@ -219,8 +227,22 @@ __attribute__((target("avx2"))) void hard_sigmoid_avx2(const float *x, int64_t n
     for (; i < n; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
 }
 
-__attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, float *out) {
+// f on four vectors at a time, in place (f: one of exp.h's *_lanes_n<4>), so that their chains of dependent
+// operations interleave, as the Softmax's exps above; the values past the last 32 are the caller's.
+template <typename F>
+__attribute__((target("avx2"))) inline int64_t four_vectors_at_a_time(const float *x, int64_t n, float *out, F f) {
     int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 v[4];
+        for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + i + 8 * k);
+        f(v);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + i + 8 * k, v[k]);
+    }
+    return i;
+}
+
+__attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, float *out) {
+    int64_t i = four_vectors_at_a_time(x, n, out, [](__m256 *v) { lpt_exp::sigmoid_lanes_n<4>(v); });
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::sigmoid_lanes(_mm256_loadu_ps(x + i)));
     for (; i < n; ++i) out[i] = lpt_exp::sigmoid(x[i]);
 }
@@ -253,7 +275,7 @@ __attribute__((target("avx2"))) void tanh_avx2(const float *x, int64_t n, float 
 }
 
 __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
-    int64_t i = 0;
+    int64_t i = four_vectors_at_a_time(x, n, out, [](__m256 *v) { lpt_exp::erf_lanes_n<4>(v); });
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
     for (; i < n; ++i) out[i] = lpt_exp::erf(x[i]);
 }
