@@ -1,9 +1,10 @@
 """Reading an int8 graph's fused chains into data (lpt.backend.step), once, for everyone who needs them.
 
     ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)]
-        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|GELU|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
+        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|SiLU|GELU|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
                                                                                        an Int8Layer
-    (Max and Min with one scalar constant, which are clips; GELU's five ops, read_gelu.)
+    (Max and Min with one scalar constant, which are clips; SiLU's Sigmoid and Mul by x, _silu_of;
+    GELU's five ops, read_gelu.)
     QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
 
 A chain is followed only through values with a single reader that is not a graph output: what
@@ -112,10 +113,10 @@ def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
         if next_op is None:
             next_op, between = _next(last.outputs[0], ("FakeQuantize",), "lpt")
         read = between[-1].outputs[0] if between else last.outputs[0]
-        if next_op is None and (gelu := _gelu_of(read)) is not None:
-            post_ops.append(gelu[0])
-            nodes += between + gelu[1]
-            last = gelu[1][-1]
+        if next_op is None and (fused := _gelu_of(read) or _silu_of(read)) is not None:
+            post_ops.append(fused[0])
+            nodes += between + fused[1]
+            last = fused[1][-1]
             continue
         if next_op is None or (post_op := read_post_op(next_op, read)) is None:
             break
@@ -206,6 +207,20 @@ def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     if found is None or len(readers) != 2 or found[1][3] not in readers:
         return None
     return found
+
+
+def _silu_of(value: ir.Value) -> tuple[kernels.Silu, list[ir.Node]] | None:
+    """x·Sigmoid(x) as a post-op (YOLO's and EfficientNet's SiLU): `value` read by a Sigmoid and by the Mul of
+    it and the Sigmoid's output, and by nothing else. Mul commutes, bit for bit: either operand order."""
+    readers = list(value.consumers())
+    sigmoid = next((n for n in readers if n.op_type == "Sigmoid" and n.domain in ("", "ai.onnx")), None)
+    if sigmoid is None or len(readers) != 2 or value.is_graph_output():
+        return None
+    multiply = only_consumer(sigmoid.outputs[0], ("Mul",))
+    if multiply is None or multiply not in readers or multiply.outputs[0].dtype != ir.DataType.FLOAT or \
+            {id(v) for v in multiply.inputs} != {id(value), id(sigmoid.outputs[0])}:
+        return None
+    return kernels.Silu(), [sigmoid, multiply]
 
 
 def _scalar(value: ir.Value | None) -> float | None:

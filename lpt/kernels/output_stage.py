@@ -68,6 +68,14 @@ class Sigmoid:
 
 
 @dataclass(frozen=True)
+class Silu:
+    """x = x·sigmoid(x) in f32 (SiLU, Swish: a Sigmoid and a Mul by x), lpt's sigmoid (lpt.numerics.exp)."""
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return x * sigmoid(x)
+
+
+@dataclass(frozen=True)
 class Gelu:
     """x = x·(erf(x / divisor) + one)·half in f32, as lpt.kernels.gelu computes GELU's five ops
     (Div, Erf, Add, Mul, Mul) and the native engine's to the bit."""
@@ -109,9 +117,9 @@ class FakeQuantize:
         return fake_quantize(x, self.input_low, self.input_high, self.output_low, self.output_high, self.levels)
 
 
-PostOp = Relu | Clip | LeakyRelu | Sigmoid | Gelu | Sum | FakeQuantize
+PostOp = Relu | Clip | LeakyRelu | Sigmoid | Silu | Gelu | Sum | FakeQuantize
 # The post-ops that act on each value alone: lpt's native output stage computes these.
-ELEMENTWISE_POST_OPS = (Relu, Clip, LeakyRelu, Sigmoid, Gelu)
+ELEMENTWISE_POST_OPS = (Relu, Clip, LeakyRelu, Sigmoid, Silu, Gelu)
 
 
 def dequantization_multiplier(src_scale, weight_scale) -> np.ndarray:

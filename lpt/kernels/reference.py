@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from lpt.kernels.output_stage import Clip, FakeQuantize, Gelu, LeakyRelu, Relu, Sigmoid, Sum
+from lpt.kernels.output_stage import Clip, FakeQuantize, Gelu, LeakyRelu, Relu, Sigmoid, Silu, Sum
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
 from lpt.numerics.exp import erf, sigmoid
 
@@ -76,6 +76,8 @@ def output_stage_reference(acc, multiplier, bias=None, post_ops=(), dst_scale=No
             x = np.where(x < 0, x * np.float32(op.alpha), x)
         elif isinstance(op, Sigmoid):
             x = sigmoid(x)
+        elif isinstance(op, Silu):
+            x = x * sigmoid(x)
         elif isinstance(op, Gelu):
             x = (x * (erf(x / np.float32(op.divisor)) + np.float32(op.one))) * np.float32(op.half)
         elif isinstance(op, Sum):

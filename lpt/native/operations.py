@@ -6,7 +6,7 @@ it adds nothing, as ONNX's ConvInteger), then lpt's output stage, in f32 and in 
 (or x itself for an f32 destination), bit-identical to lpt.kernels.output_stage on every route.
 
 What stays on lpt's NumPy/MLAS path raises `Unsupported` at creation, with the reason: a weight
-zero point other than 0, uint8 weights, post-ops other than Relu, Clip, LeakyRelu, Sigmoid and GELU, a
+zero point other than 0, uint8 weights, post-ops other than Relu, Clip, LeakyRelu, Sigmoid, SiLU and GELU, a
 per-channel destination scale or zero point, a reduction longer than int32 holds for every input,
 or no native engine / no exact route on this machine.
 """
@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from lpt.kernels.int8_gemm import MAX_REDUCTION
-from lpt.kernels.output_stage import Clip, Gelu, LeakyRelu, Relu, Sigmoid
+from lpt.kernels.output_stage import Clip, Gelu, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.quantize import integer_container
 from lpt.kernels.window import Window
 from lpt.native import routes
@@ -89,7 +89,7 @@ class Conv(_Operation):
     weights: int8 [OC, IC/groups, *kernel], 1 to 3 spatial axes; strides, dilations, pads as ONNX's
     Conv (pads [x1_begin, x2_begin, …, x1_end, x2_end], explicit); multiplier f32, one or one per
     OC (s_src·s_wei[oc]); bias f32 [OC] or None; post_ops a tuple of lpt.kernels Relu / Clip / LeakyRelu /
-    Sigmoid / Gelu;
+    Sigmoid / Silu / Gelu;
     dst_scale None for an f32 destination, else the destination's scale and zero point, in
     dst_dtype (uint8 or int8; by default the narrowest type holding [qmin, qmax]), saturated to
     [qmin, qmax]. threads: 0 for every usable core, else at most that many. route: None for
@@ -279,14 +279,14 @@ def _per_channel(value, channels: int, name: str) -> np.ndarray:
 
 
 MAX_POST_OPS = 8  # lpt/native/s16.h: MAX_POST_OPS
-_SLOPE_CLIP, _SIGMOID, _GELU = 0.0, 1.0, 2.0  # and its post-op kinds
+_SLOPE_CLIP, _SIGMOID, _GELU, _SILU = 0.0, 1.0, 2.0, 3.0  # and its post-op kinds
 
 
 def _post_ops(post_ops) -> np.ndarray:
     """The post-ops as the engine's (kind, slope, low, high) quadruples (lpt/native/s16.h: PostOp): kind 0 is
     x < 0 ? x·slope : x, then min(max(x, low), high), so Relu is a clip with no upper bound and LeakyRelu a
     slope with no bounds; kind 1 is lpt's Sigmoid (lpt.numerics.exp); kind 2 a GELU, its divisor, one and
-    half in the other three places."""
+    half in the other three places; kind 3 a SiLU, x·sigmoid(x)."""
     quadruples = []
     for op in post_ops:
         if isinstance(op, Relu):
@@ -299,8 +299,10 @@ def _post_ops(post_ops) -> np.ndarray:
             quadruples.append((_SIGMOID, 0.0, 0.0, 0.0))
         elif isinstance(op, Gelu):
             quadruples.append((_GELU, op.divisor, op.one, op.half))
+        elif isinstance(op, Silu):
+            quadruples.append((_SILU, 0.0, 0.0, 0.0))
         else:
-            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu, Sigmoid and GELU only)")
+            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu, Sigmoid, SiLU and GELU only)")
     if len(quadruples) > MAX_POST_OPS:
         raise Unsupported(f"{len(quadruples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
     return np.array(quadruples, np.float32).reshape(-1)

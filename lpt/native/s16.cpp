@@ -82,7 +82,7 @@ constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, ti
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
     int64_t count = 0;
-    bool sigmoid[MAX_POST_OPS], gelu[MAX_POST_OPS], leaky[MAX_POST_OPS];
+    bool sigmoid[MAX_POST_OPS], silu[MAX_POST_OPS], gelu[MAX_POST_OPS], leaky[MAX_POST_OPS];
     __m256 slope[MAX_POST_OPS], low[MAX_POST_OPS], high[MAX_POST_OPS];
 };
 
@@ -92,6 +92,7 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     for (int64_t k = 0; k < v.count; ++k) {
         const float *op = e.post_ops + POST_OP_FIELDS * k;
         v.sigmoid[k] = op[0] == SIGMOID;
+        v.silu[k] = op[0] == SILU;
         v.gelu[k] = op[0] == GELU;
         v.leaky[k] = op[1] != 1.0f;
         v.slope[k] = _mm256_set1_ps(op[1]);
@@ -118,6 +119,13 @@ __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, cons
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
             lpt_exp::sigmoid_lanes_n<N>(x);
+            continue;
+        }
+        if (ops.silu[k]) {
+            __m256 s[N];
+            for (int v = 0; v < N; ++v) s[v] = x[v];
+            lpt_exp::sigmoid_lanes_n<N>(s);
+            for (int v = 0; v < N; ++v) x[v] = _mm256_mul_ps(x[v], s[v]);
             continue;
         }
         if (ops.gelu[k]) {

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid
+from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.reference import conv_reference, output_stage_reference
 
@@ -139,8 +139,8 @@ DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
 
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=conv_cases(), destination=st.sampled_from(DESTINATIONS), per_channel=st.booleans(),
-       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2), Sigmoid(), GELU]),
-                                                   max_size=2))
+       bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2),
+                                                              Sigmoid(), Silu(), GELU]), max_size=2))
 @settings(max_examples=40, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, destination, per_channel, bias, post_ops):
     src, weights, zero_point, window, rng = case
