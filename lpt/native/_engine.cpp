@@ -1635,7 +1635,7 @@ void step(Program &program, const Instruction &ins) {
 
 // A binary op whose float32 result only the quantize right after it reads writes that quantize's 8-bit output
 // itself, and the quantize does nothing (Code::folded): the float32 tensor between them is never written
-// nor read again. PaddleOCR's detector has seven: a residual Add's sum, quantized for the next layer.
+// nor read again. PaddleOCR's detector has ten: residual and pyramid Adds' sums, quantized for the next layer.
 void fold_quantizes(Program &program) {
     std::vector<int> reads(program.slots.size(), 0);
     for (const Instruction &ins : program.code)
