@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -63,3 +65,30 @@ def test_a_condition_of_more_than_one_value_is_a_data_error():
     plan = compile_model(model, threads=1)
     with pytest.raises(DataError, match="condition holds 2 values"):
         plan.run({"x": np.zeros((2, 6), np.float32)})
+
+
+def test_an_if_whose_branch_holds_integer_ops_runs_on_lpts_plan_with_onnxruntimes_values():
+    """A condition given as an input (not lpt's), a branch that quantizes and dequantizes: the If is still
+    lpt's step, its branch a plan of its own, with onnxruntime's values for either condition."""
+    scale, zero_point = helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]), helper.make_tensor(
+        "z", TensorProto.UINT8, [], [128])
+    then_branch = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Mul", ["d", "two"], ["doubled"])],
+        "then", [], [helper.make_tensor_value_info("doubled", TensorProto.FLOAT, None)], [scale, zero_point])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "else", [],
+                                    [helper.make_tensor_value_info("same", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = compile_model(ir.serde.deserialize_model(proto), threads=1)
+    assert [s.op_types for s in plan.steps] == [("If",)] and plan.steps[0].backend == "int8 kernel"
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).uniform(-3, 3, (2, 3)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        assert np.array_equal(plan.run(feeds)["y"], session.run(None, feeds)[0])

@@ -40,7 +40,8 @@ def try_if_step(node: ir.Node, opsets: dict[str, int], claimed: set[int], thread
         return None
     condition = node.inputs[0]
     made_by_lpt = condition.producer() is not None and id(condition.producer()) in claimed
-    integer_ops = any(n.op_type in QUANTIZED_OPS for branch in branches for n in ir.traversal.RecursiveGraphIterator(branch))
+    integer_ops = any(n.op_type in QUANTIZED_OPS
+                      for branch in branches for n in ir.traversal.RecursiveGraphIterator(branch))
     if not (made_by_lpt or integer_ops):
         return None
     outer = [v for v in region_inputs([node]) if v is not condition]
