@@ -227,8 +227,9 @@ __attribute__((target("avx2"))) void hard_sigmoid_avx2(const float *x, int64_t n
     for (; i < n; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
 }
 
-// f on four vectors at a time, in place (f: one of exp.h's *_lanes_n<4>), so that their chains of dependent
-// operations interleave, as the Softmax's exps above; the values past the last 32 are the caller's.
+// f on four vectors at a time, in place, so that their chains of dependent operations interleave, as the
+// Softmax's exps above; the values past the last 32 are the caller's. f is a lambda whose target is AVX2
+// too (a lambda does not take its caller's), so that it inlines.
 template <typename F>
 __attribute__((target("avx2"))) inline int64_t four_vectors_at_a_time(const float *x, int64_t n, float *out, F f) {
     int64_t i = 0;
@@ -242,7 +243,8 @@ __attribute__((target("avx2"))) inline int64_t four_vectors_at_a_time(const floa
 }
 
 __attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, float *out) {
-    int64_t i = four_vectors_at_a_time(x, n, out, [](__m256 *v) { lpt_exp::sigmoid_lanes_n<4>(v); });
+    int64_t i = four_vectors_at_a_time(x, n, out,
+                                       [](__m256 *v) __attribute__((target("avx2"))) { lpt_exp::sigmoid_lanes_n<4>(v); });
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::sigmoid_lanes(_mm256_loadu_ps(x + i)));
     for (; i < n; ++i) out[i] = lpt_exp::sigmoid(x[i]);
 }
@@ -275,7 +277,8 @@ __attribute__((target("avx2"))) void tanh_avx2(const float *x, int64_t n, float 
 }
 
 __attribute__((target("avx2"))) void erf_avx2(const float *x, int64_t n, float *out) {
-    int64_t i = four_vectors_at_a_time(x, n, out, [](__m256 *v) { lpt_exp::erf_lanes_n<4>(v); });
+    int64_t i = four_vectors_at_a_time(x, n, out,
+                                       [](__m256 *v) __attribute__((target("avx2"))) { lpt_exp::erf_lanes_n<4>(v); });
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::erf_lanes(_mm256_loadu_ps(x + i)));
     for (; i < n; ++i) out[i] = lpt_exp::erf(x[i]);
 }
@@ -342,14 +345,12 @@ inline float gelu_value(float x, float divisor, float one, float half) {
 __attribute__((target("avx2"))) void gelu_avx2(const float *x, int64_t n, float divisor, float one, float half,
                                                float *out) {
     const __m256 d = _mm256_set1_ps(divisor), o = _mm256_set1_ps(one), h = _mm256_set1_ps(half);
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {  // four vectors at a time: their erf chains interleave (erf_lanes_n)
-        __m256 v[4], e[4];
-        for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + i + 8 * k), e[k] = _mm256_div_ps(v[k], d);
+    int64_t i = four_vectors_at_a_time(x, n, out, [=](__m256 *v) __attribute__((target("avx2"))) {
+        __m256 e[4];
+        for (int k = 0; k < 4; ++k) e[k] = _mm256_div_ps(v[k], d);
         lpt_exp::erf_lanes_n<4>(e);
-        for (int k = 0; k < 4; ++k)
-            _mm256_storeu_ps(out + i + 8 * k, _mm256_mul_ps(_mm256_mul_ps(v[k], _mm256_add_ps(e[k], o)), h));
-    }
+        for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_mul_ps(v[k], _mm256_add_ps(e[k], o)), h);
+    });
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
         const __m256 e = lpt_exp::erf_lanes(_mm256_div_ps(v, d));

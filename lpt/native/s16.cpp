@@ -46,11 +46,15 @@ struct Walk {  // how a tile walks the window of its positions, the same for eve
     int64_t pairs;              // channel pairs per run
 };
 
-template <int T>
+// A tile of T positions × 16 output channels (HALVES 2), or × the first 8 (HALVES 1: a layer's last block
+// where at most eight are valid, 24 channels being a block of 16 and one of 8, so the products of the
+// eight lanes no one reads are not computed, and lanes 8-15 of out are left as they were).
+template <int T, int HALVES = 2>
 __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const int16_t *weights, const Walk &walk,
                                           int32_t *out) {  // out [T][LANES]
-    __m256i acc[T][2];
-    for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
+    __m256i acc[T][HALVES];
+    for (int j = 0; j < T; ++j)
+        for (int k = 0; k < HALVES; ++k) acc[j][k] = _mm256_setzero_si256();
     const int16_t *w = weights;
     for (int64_t row = 0; row < walk.rows; ++row) {
         for (int64_t run = 0; run < walk.runs; ++run) {
@@ -58,59 +62,31 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
             const int16_t *src[T];
             for (int j = 0; j < T; ++j) src[j] = positions[j] + offset;
             for (int64_t q = 0; q < walk.pairs; ++q, w += 2 * LANES) {
-                const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
-                const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + LANES));
+                __m256i wk[HALVES];
+                for (int k = 0; k < HALVES; ++k) wk[k] = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + k * LANES));
                 for (int j = 0; j < T; ++j) {
                     int32_t pair;
                     std::memcpy(&pair, src[j] + 2 * q, sizeof pair);
                     const __m256i s = _mm256_set1_epi32(pair);
-                    acc[j][0] = _mm256_add_epi32(acc[j][0], _mm256_madd_epi16(s, w0));
-                    acc[j][1] = _mm256_add_epi32(acc[j][1], _mm256_madd_epi16(s, w1));
+                    for (int k = 0; k < HALVES; ++k) acc[j][k] = _mm256_add_epi32(acc[j][k], _mm256_madd_epi16(s, wk[k]));
                 }
             }
         }
     }
-    for (int j = 0; j < T; ++j) {
-        _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES), acc[j][0]);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8), acc[j][1]);
-    }
+    for (int j = 0; j < T; ++j)
+        for (int k = 0; k < HALVES; ++k)
+            _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8 * k), acc[j][k]);
 }
 
 using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *);
 constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-// The first eight channels of a block only (a layer's last block where at most eight are valid: 24
-// channels are a block of 16 and one of 8), for twice the positions: the same sums as tile<T>'s first
-// eight lanes, without the products of the eight lanes no one reads. Lanes 8-15 of out are left as
-// they were. PaddleOCR's detector's 3×3 stride-2 48→24 layer over 320×320 computed a third of its
-// products for nothing.
-constexpr int HALF_TILE = 12;  // 12 accumulators + 1 weight + 1 source of 16 ymm
-
-template <int T>
-__attribute__((target("avx2"))) void half_tile(const int16_t *const *positions, const int16_t *weights,
-                                               const Walk &walk, int32_t *out) {  // out [T][LANES]
-    __m256i acc[T];
-    for (int j = 0; j < T; ++j) acc[j] = _mm256_setzero_si256();
-    const int16_t *w = weights;
-    for (int64_t row = 0; row < walk.rows; ++row) {
-        for (int64_t run = 0; run < walk.runs; ++run) {
-            const int64_t offset = row * walk.row_stride + run * walk.run_stride;
-            for (int64_t q = 0; q < walk.pairs; ++q, w += 2 * LANES) {
-                const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
-                for (int j = 0; j < T; ++j) {
-                    int32_t pair;
-                    std::memcpy(&pair, positions[j] + offset + 2 * q, sizeof pair);
-                    acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_set1_epi32(pair), w0));
-                }
-            }
-        }
-    }
-    for (int j = 0; j < T; ++j) _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES), acc[j]);
-}
-
+// Half tiles take twice the positions: 12 accumulators + 1 weight + 1 source of 16 ymm. PaddleOCR's
+// detector's 3×3 stride-2 48→24 layer over 320×320 computed a third of its products for nothing.
+constexpr int HALF_TILE = 12;
 constexpr TileFunction HALF_TILES[HALF_TILE + 1] = {
-    nullptr, half_tile<1>, half_tile<2>, half_tile<3>, half_tile<4>, half_tile<5>, half_tile<6>,
-    half_tile<7>, half_tile<8>, half_tile<9>, half_tile<10>, half_tile<11>, half_tile<12>};
+    nullptr, tile<1, 1>, tile<2, 1>, tile<3, 1>, tile<4, 1>, tile<5, 1>, tile<6, 1>,
+    tile<7, 1>, tile<8, 1>, tile<9, 1>, tile<10, 1>, tile<11, 1>, tile<12, 1>};
 
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
