@@ -189,19 +189,22 @@ __attribute__((target("avx2"))) inline __m256 clamp(__m256 v, __m256 low, __m256
     return _mm256_min_ps(_mm256_max_ps(v, low), high);
 }
 
-// rint of |v| ≤ 2^22, ties to even: the float32 add of 1.5·2^23 rounds
-__attribute__((target("avx2"))) inline __m256 round_even(__m256 v, __m256 magic) {
-    return _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
-}
-
 // The quantization that ends an 8-bit output stage, its constants in registers.
 struct Quantizer {
-    __m256 scale, zero_point, low, high, magic;
+    __m256 scale, low, high, magic, magic_less_zero_point;
 };
 
 __attribute__((target("avx2"))) inline Quantizer quantizer(float scale, int zero_point, int qmin, int qmax) {
-    return {_mm256_set1_ps(scale), _mm256_set1_ps((float)zero_point), _mm256_set1_ps((float)(qmin - zero_point)),
-            _mm256_set1_ps((float)(qmax - zero_point)), _mm256_set1_ps(12582912.0f)};
+    const float magic = 12582912.0f;  // 1.5·2^23
+    return {_mm256_set1_ps(scale), _mm256_set1_ps((float)(qmin - zero_point)), _mm256_set1_ps((float)(qmax - zero_point)),
+            _mm256_set1_ps(magic), _mm256_set1_ps(magic - (float)zero_point)};
+}
+
+// rint(y) + zero_point, ties to even, for y clamped to [qmin − zero_point, qmax − zero_point]: the
+// float32 sum y + 1.5·2^23 rounds y to an integer (|y| ≤ 2^22), and taking 1.5·2^23 − zero_point
+// from it is exact, every value being an integer below 2^24.
+__attribute__((target("avx2"))) inline __m256i level(__m256 y, const Quantizer &q) {
+    return _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(clamp(y, q.low, q.high), q.magic), q.magic_less_zero_point));
 }
 
 // Sixteen values (x0 the first eight) as saturate(rint(x / scale) + zero_point) into `valid` T at o.
@@ -209,10 +212,7 @@ template <typename T>
 __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1, const Quantizer &q, int64_t valid,
                                                             T *o) {
     // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
-    const __m256i level0 = _mm256_cvttps_epi32(
-                      _mm256_add_ps(round_even(clamp(_mm256_div_ps(x0, q.scale), q.low, q.high), q.magic), q.zero_point)),
-                  level1 = _mm256_cvttps_epi32(
-                      _mm256_add_ps(round_even(clamp(_mm256_div_ps(x1, q.scale), q.low, q.high), q.magic), q.zero_point));
+    const __m256i level0 = level(_mm256_div_ps(x0, q.scale), q), level1 = level(_mm256_div_ps(x1, q.scale), q);
     // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
     const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(level0, level1), 0xD8);
     const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
@@ -227,6 +227,34 @@ __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1
     }
 }
 
+// The 8-bit output stage of a layer with no post-op or one clip (Relu, Clip, ReLU6: most layers) on
+// the first eight channels (HALVES 1) or all sixteen, in a loop with every constant in a register and
+// nothing tested per position: half a 1×1 48→96 convolution's time went to its stage before. Two
+// rewrites of stage_values' operations that change no level: the bias is added even when there is
+// none (x + 0 is x, but for −0, which quantizes as +0), and the clip is max(low, x) then min(high, x),
+// an absent bound being ∓inf: each returns x when x is NaN, as the comparisons do, and differs from
+// them only in the sign of a zero.
+template <typename T, int HALVES>
+__attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
+                                                   int64_t valid, T *out, int64_t out_stride) {
+    const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
+    const bool clip = e.post_op_count == 1;
+    const __m256 low = _mm256_set1_ps(clip ? e.post_ops[2] : -INFINITY), high = _mm256_set1_ps(clip ? e.post_ops[3] : INFINITY);
+    __m256 multiplier[2], bias[2], x[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int k = 0; k < HALVES; ++k) {
+        multiplier[k] = _mm256_loadu_ps(e.multiplier + c0 + 8 * k);
+        bias[k] = e.bias ? _mm256_loadu_ps(e.bias + c0 + 8 * k) : _mm256_setzero_ps();
+    }
+    for (int64_t j = 0; j < count; ++j) {
+        for (int k = 0; k < HALVES; ++k) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * k));
+            x[k] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), multiplier[k]), bias[k]);
+            x[k] = _mm256_min_ps(high, _mm256_max_ps(low, x[k]));
+        }
+        store_quantized(x[0], x[1], quantize, valid, out + j * out_stride);
+    }
+}
+
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
@@ -235,6 +263,12 @@ __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1
 template <typename T>
 __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
                                            int64_t valid, T *out, int64_t out_stride) {
+    if constexpr (!std::is_same_v<T, float>) {
+        if (takes_one_clip(e)) {
+            (valid <= 8 ? clipped_stage<T, 1> : clipped_stage<T, 2>)(e, acc, count, c0, valid, out, out_stride);
+            return;
+        }
+    }
     const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
     const VectorPostOps ops = vector_post_ops(e);
     const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
