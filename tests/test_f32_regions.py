@@ -272,6 +272,31 @@ def test_a_layer_norm_written_out_is_lpts():
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
 
 
+def test_a_global_max_of_channels_last_maps_is_lpts():
+    """Conv → Transpose to [N, H, W, C] → ReduceMax over H and W → a dense layer (DNSMOS's Keras tail): the
+    max a step of lpt's in the layers' native program, its transpose no copy; onnxruntime's values."""
+    import lpt.native
+
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((16, 3, 3, 3)), g.const(np.ones(16, np.float32))],
+                pads=[1, 1, 1, 1])
+    maps = g.op("Transpose", [g.op("Relu", [conv])], perm=[0, 2, 3, 1])
+    pooled = g.op("ReduceMax", [maps], axes=[1, 2], keepdims=0)
+    g.op("MatMul", [g.fq(pooled, 0.05, np.uint8(0)), g.weight((16, 4), axis=1)], name="y")
+    _, fq_model = g.build({"x": [2, 3, 9, 7]}, ["y"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert regions(plan) == [("Transpose",), ("ReduceMax",)] and "onnxruntime" not in {s.backend for s in plan.steps}
+    x = RNG.uniform(-2, 2, (2, 3, 9, 7)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
+    # the same levels: the dense layer's float32 sums differ in their last bits at most
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x})["y"], rtol=1e-6, atol=1e-5)
+    if lpt.native.available():
+        assert len(plan.run_steps) == 1
+
+
 def gelu_between_two_layers(swap: bool, layer_output_read_elsewhere: bool):
     """Div(x, √2) → Erf → Add(1) → Mul(x) → Mul(0.5) between two int8 layers (PaddleOCR's exports), the
     operands of its Add and Muls on either side; with `layer_output_read_elsewhere`, x is a model output too."""

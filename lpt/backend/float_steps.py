@@ -27,6 +27,8 @@ the same bits:
     ReduceMean (the positions)   kernels.global_average_pool      "mean"
     ReduceMean (the last axis)   kernels.mean_over_last_axis      "mean_last_axis"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
+    ReduceMax, ReduceMin         kernels.extreme_over_middle_axes "extreme_middle" (keepdims, smallest)
+      (the middle axes: [N, *positions, C], a channels-last global max pool)
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
@@ -139,6 +141,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _layer_norm(node)
     if node.op_type == "ReduceMean":
         return _reduce_mean(node)
+    if node.op_type in ("ReduceMax", "ReduceMin"):
+        return _reduce_extreme(node)
     return None
 
 
@@ -279,25 +283,44 @@ def _batch_norm(node: ir.Node) -> tuple | None:
                        ("affine", (np.ascontiguousarray(factor), np.ascontiguousarray(shift))))
 
 
-def _reduce_mean(node: ir.Node) -> tuple | None:
-    """ReduceMean over every position of [N, C, *spatial] (a global average), over the last axis (a LayerNorm
-    written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
+def _reduced_axes(node: ir.Node) -> list[int] | None:
+    """A Reduce* node's axes, each in [0, rank), sorted: its attribute or (opset 18) its constant second input;
+    None where they are not known, or where there are none (all axes, or none with noop_with_empty_axes)."""
     x = node.inputs[0]
     axes = attribute(node, "axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_array(node.inputs[1])
-    if x.shape is None or axes is None:
+    if x.shape is None or axes is None or np.size(axes) == 0:
+        return None
+    return sorted(int(a) % len(x.shape) for a in np.reshape(axes, -1))
+
+
+def _reduce_extreme(node: ir.Node) -> tuple | None:
+    """ReduceMax or ReduceMin over the middle axes of [N, *positions, C]: a channels-last global max pool."""
+    x, axes = node.inputs[0], _reduced_axes(node)
+    if axes is None or len(x.shape) < 3 or axes != list(range(1, len(x.shape) - 1)):
+        return None
+    keepdims, smallest = bool(attribute(node, "keepdims", 1)), node.op_type == "ReduceMin"
+    return _float_step(lambda a: [kernels.extreme_over_middle_axes(a, keepdims, smallest)], [x], node,
+                       ("extreme_middle", (keepdims, smallest)))
+
+
+def _reduce_mean(node: ir.Node) -> tuple | None:
+    """ReduceMean over every position of [N, C, *spatial] (a global average), over the last axis (a LayerNorm
+    written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
+    x, axes = node.inputs[0], _reduced_axes(node)
+    if axes is None:
         return None
     rank, keepdims = len(x.shape), bool(attribute(node, "keepdims", 1))
-    if rank >= 3 and keepdims and sorted(int(a) % rank for a in np.reshape(axes, -1)) == list(range(2, rank)):
+    if rank >= 3 and keepdims and axes == list(range(2, rank)):
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))  # every position
-    if np.size(axes) != 1:
+    if len(axes) != 1:
         return None
-    axis = int(np.reshape(axes, ()))
-    if axis in (-1, rank - 1) and rank >= 1:
+    [axis] = axes
+    if axis == rank - 1:
         return _float_step(lambda a: [kernels.mean_over_last_axis(a, keepdims)], [x], node,
                            ("mean_last_axis", (keepdims,)))
-    if axis in (1, -2) and rank == 3:
+    if axis == 1 and rank == 3:
         return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
     return None
 

@@ -139,3 +139,22 @@ def mean_over_axis_1(x, keepdims: bool) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     mean = np.add.accumulate(x, axis=1)[:, -1] / np.float32(x.shape[1])
     return mean[:, None] if keepdims else mean
+
+
+def extreme_over_middle_axes(x, keepdims: bool, smallest: bool = False) -> np.ndarray:
+    """ReduceMax (ReduceMin with `smallest`) of float32 [N, *middle, C] over its middle axes (a global max
+    pool of channels-last maps): the fold, over the middle positions in order, in which a value replaces the
+    running one where it is greater (smaller), or is NaN while the running one is not. Max and min round
+    nothing; the fold settles what they leave open: of equal values (−0 and +0) the first, of NaNs the
+    first. No middle position gives ∓inf, ONNX's value for an empty reduction."""
+    x = np.asarray(x, dtype=np.float32)
+    values = x.reshape(x.shape[0], -1, x.shape[-1])
+    if values.shape[1] == 0:
+        extreme = np.full((values.shape[0], values.shape[2]), np.inf if smallest else -np.inf, np.float32)
+    else:
+        nan = np.isnan(values)
+        filled = np.where(nan, np.float32(np.inf if smallest else -np.inf), values)
+        bound = filled.min(axis=1) if smallest else filled.max(axis=1)
+        chosen = np.where(nan.any(axis=1)[:, None, :], nan, values == bound[:, None, :])
+        extreme = np.take_along_axis(values, chosen.argmax(axis=1)[:, None, :], axis=1)[:, 0]
+    return extreme.reshape((x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)) if keepdims else extreme

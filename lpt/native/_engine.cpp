@@ -983,7 +983,7 @@ enum class Code {
     // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
-    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, gather,
+    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, extreme_middle, gather,
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
@@ -1012,7 +1012,8 @@ struct Instruction {
     bool allow_zero = false;
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm
-    bool keepdims = false;           // mean_axis_1, mean_last_axis
+    bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
+    bool smallest = false;           // extreme_middle: a min, not a max
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
 };
 
@@ -1558,6 +1559,15 @@ void step(Program &program, const Instruction &ins) {
         case Code::transpose: {
             const size_t rank = a.dims.size();
             if (ins.shape.size() != rank) throw Unsupported("a transpose whose perm does not fit the rank");
+            bool channels_to_last = a.transposed() && ins.shape[0] == 0 && ins.shape[rank - 1] == 1;
+            for (size_t i = 1; i + 1 < rank; ++i) channels_to_last = channels_to_last && ins.shape[i] == (int64_t)i + 1;
+            if (channels_to_last) {  // [N, C, *spatial] lying channels-last, to [N, *spatial, C]: a view of it
+                out.dims.assign(rank, 0);
+                for (size_t i = 0; i < rank; ++i) out.dims[i] = a.dims[ins.shape[i]];
+                out.type = a.type;
+                out.data = a.data;  // the slot it reads lives as long as this one (plan_memory)
+                break;
+            }
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
             std::vector<int64_t> in_strides(rank, 1), step(rank);  // input elements per step of each output axis
             for (size_t i = rank; i-- > 1;) in_strides[i - 1] = in_strides[i] * a.dims[i];
@@ -1606,6 +1616,19 @@ void step(Program &program, const Instruction &ins) {
             out.dims = ins.keepdims ? std::vector<int64_t>{a.dims[0], 1, a.dims[2]} : std::vector<int64_t>{a.dims[0], a.dims[2]};
             lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[2], a.dims[1], true,
                                        static_cast<float *>(out.allocate('f', out.count())), program.threads);
+            break;
+        }
+        case Code::extreme_middle: {  // [N, *middle, C] → [N, C] or [N, 1, …, 1, C]: each channel over the middle positions
+            if (a.type != 'f' || a.dims.size() < 3 || a.transposed())
+                throw Unsupported("a max or min over the middle axes of other than float32 [N, *middle, C]");
+            const int64_t images = a.dims[0], channels = a.dims.back();
+            int64_t middle = 1;
+            for (size_t i = 1; i + 1 < a.dims.size(); ++i) middle *= a.dims[i];
+            out.dims.assign(ins.keepdims ? a.dims.size() : 2, 1);
+            out.dims.front() = images;
+            out.dims.back() = channels;
+            lpt_ops::extreme_of_positions(static_cast<const float *>(a.data), images, middle, channels, ins.smallest,
+                                          static_cast<float *>(out.allocate('f', images * channels)));
             break;
         }
         case Code::gather: {  // rows of the table by int32/int64 index, negative ones from the end
@@ -1662,7 +1685,7 @@ void plan_memory(Program &program) {
     for (size_t i = end; i-- > 0;) {  // a view's source lives as long as the view (later views first)
         const Instruction &ins = program.code[i];
         const bool view = ins.code == Code::flatten || ins.code == Code::reshape || ins.code == Code::squeeze ||
-                          ins.code == Code::unsqueeze || ins.code == Code::identity;
+                          ins.code == Code::unsqueeze || ins.code == Code::identity || ins.code == Code::transpose;
         if (view) program.last_use[ins.in[0]] = std::max(program.last_use[ins.in[0]], program.last_use[ins.out]);
     }
     for (auto &slot : program.slots) slot.pool = &program.pool;
@@ -1784,6 +1807,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;
                 parsed = PyArg_ParseTuple(extra, "p", &keepdims);
                 ins.keepdims = keepdims;
+            } else if (k == "extreme_middle") {  // (keepdims, smallest)
+                int keepdims, smallest;
+                ins.code = Code::extreme_middle;
+                parsed = PyArg_ParseTuple(extra, "pp", &keepdims, &smallest);
+                ins.keepdims = keepdims;
+                ins.smallest = smallest;
             } else if (k == "binary") {  // "mul", "add", "sub" or "div"
                 ins.code = Code::binary;
                 const char *which = PyUnicode_AsUTF8(extra);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "exp.h"
@@ -476,6 +477,26 @@ void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threa
     auto sum = eight_lanes() ? sum_in_lanes_avx2 : sum_in_lanes;
     lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? threads : 1,
                            rows, [=](int64_t r) { out[r] = sum(x + r * n, n) / (float)n; });
+}
+
+void extreme_of_positions(const float *x, int64_t images, int64_t positions, int64_t channels, bool smallest,
+                          float *out) {
+    for (int64_t n = 0; n < images; ++n) {
+        float *o = out + n * channels;
+        const float *v = x + n * positions * channels;
+        if (positions == 0) {
+            std::fill(o, o + channels, smallest ? INFINITY : -INFINITY);
+            continue;
+        }
+        std::memcpy(o, v, channels * sizeof(float));
+        for (int64_t t = 1; t < positions; ++t) {
+            const float *row = v + t * channels;
+            for (int64_t c = 0; c < channels; ++c) {
+                const float m = o[c], y = row[c];
+                o[c] = m == m && (y != y || (smallest ? y < m : y > m)) ? y : m;
+            }
+        }
+    }
 }
 
 void square_root(const float *x, int64_t n, float *out, int threads) {

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from lpt.kernels import average_pool, hard_swish, layer_norm, softmax
+from lpt.kernels import average_pool, extreme_over_middle_axes, hard_swish, layer_norm, softmax
 from lpt.kernels.float_ops import sum_in_lanes
 from lpt.numerics.exp import erf
 
@@ -65,3 +65,21 @@ def test_the_lanes_add_in_their_order():
     assert sum_in_lanes(x)[0] == 1.0
     # (2^24 + 0) + (1 + 1) is 2^24 + 2; added one after another, each + 1 rounds back to 2^24
     assert sum_in_lanes(np.float32([2.0**24, 0, 1, 1, 0, 0, 0, 0]))[0] == 2.0**24 + 2
+
+
+def test_a_max_over_the_middle_axes_is_onnxruntimes_reduce_max_and_settles_zeros_and_nans_by_the_first():
+    """ReduceMax / ReduceMin over the positions of [N, H, W, C]: onnxruntime's values where there is one
+    maximum; of equal ones (−0 and +0) the first, and of NaNs the first (a NaN's payload kept)."""
+    x = np.random.default_rng(3).normal(0, 1, (2, 5, 7, 3)).astype(np.float32)
+    for op, smallest in (("ReduceMax", False), ("ReduceMin", True)):
+        expected = onnxruntime(helper.make_node(op, ["x"], ["y"], axes=[1, 2], keepdims=0), x)
+        assert np.array_equal(extreme_over_middle_axes(x, False, smallest), expected)
+        assert extreme_over_middle_axes(x, True, smallest).shape == (2, 1, 1, 3)
+    zeros = np.float32([[[-0.0, 0.0]], [[0.0, -0.0]]]).transpose(1, 0, 2)  # [1, 2, 2]: channel 0 −0 first
+    assert np.signbit(extreme_over_middle_axes(zeros, False)).tolist() == [[True, False]]
+    nans = np.float32([1.0, 5.0, 2.0]).reshape(1, 3, 1).repeat(2, axis=2)
+    first, second = np.uint32(0x7FC00001).view(np.float32), np.uint32(0x7FC00002).view(np.float32)
+    nans[0, 1, 1], nans[0, 2, 1] = first, second
+    result = extreme_over_middle_axes(nans, False)
+    assert result[0, 0] == 5.0 and result.view(np.uint32)[0, 1] == 0x7FC00001
+    assert extreme_over_middle_axes(np.zeros((1, 0, 2), np.float32), False, True).tolist() == [[np.inf, np.inf]]

@@ -1,5 +1,5 @@
 """The float32 instructions of native programs (average pool, HardSwish, Erf, binary ops, concat, Softmax,
-LayerNormalization, a sequence's mean) against
+LayerNormalization, a sequence's mean, a max over positions) against
 lpt.kernels.float_ops and numpy, bit for bit, on channels-first inputs and on a convolution's
 channels-last outputs, which the engine keeps in that layout."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import (average_pool, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
+from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
                          slope_and_clip, softmax)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import quantize
@@ -204,6 +204,43 @@ def test_erf_at_its_ends_the_means_and_sqrt():
         assert same_bits(mean, mean_over_axis_1(sequence, keepdims))
         assert same_bits(last, mean_over_last_axis(sequence, keepdims))
         assert same_bits(root, np.sqrt(sequence))  # NaN where negative
+
+
+@pytest.mark.parametrize("shape", [(2, 9, 13), (1, 4, 5, 19), (3, 1, 2, 2, 8), (1, 0, 3)])
+def test_a_max_or_min_over_the_middle_axes_is_lpts_fold(shape):
+    """ReduceMax and ReduceMin of [N, *positions, C] over the positions, with NaNs, infinities and zeros of
+    both signs among the values: lpt's kernel's bits (of equal values and of NaNs, the first); no
+    position gives ∓inf."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 1, shape).astype(np.float32)
+    x.reshape(-1)[: 3 * x.size // 4: 5] = rng.choice(SPECIAL, len(x.reshape(-1)[: 3 * x.size // 4: 5]))
+    for keepdims in (False, True):
+        for smallest in (False, True):
+            [y] = Program([("extreme_middle", ["x"], "y", (keepdims, smallest))], ["x"], ["y"], threads=1)(x)
+            assert same_bits(y, extreme_over_middle_axes(x, keepdims, smallest))
+    # zeros of both signs as the extreme, either first; NaNs of two payloads, either first
+    first, second = np.uint32(0x7FC00001).view(np.float32), np.uint32(0x7FC00002).view(np.float32)
+    columns = np.float32([[-1.0, -0.0, 0.0, -2.0], [-1.0, 0.0, -0.0, -2.0], [1.0, first, 2.0, second],
+                          [second, 1.0, first, 2.0]]).T.reshape(1, 4, 4)
+    for smallest in (False, True):
+        values = -columns if smallest else columns
+        [y] = Program([("extreme_middle", ["x"], "y", (False, smallest))], ["x"], ["y"], threads=1)(values)
+        assert same_bits(y, extreme_over_middle_axes(values, False, smallest))
+        assert y.view(np.uint32)[0, 2:].tolist() == (-columns if smallest else columns)[0, [1, 0], [2, 3]].view(np.uint32).tolist()
+
+
+def test_a_channels_last_convolutions_global_max_is_its_transposes():
+    """A convolution's output lies channels-last; transposed to [N, H, W, C] it is that memory as it lies,
+    and its max over H and W the kernel's."""
+    rng = np.random.default_rng(8)
+    conv = lpt.native.Conv(rng.integers(-128, 128, (24, 8, 3, 3)).astype(np.int8), pads=(1, 1, 1, 1),
+                           src_zero_point=128, multiplier=1e-3, threads=1)
+    q = rng.integers(0, 256, (2, 8, 9, 11)).astype(np.uint8)
+    program = Program([("layer", ["q"], "c", conv.instruction[1]), ("transpose", ["c"], "t", (0, 2, 3, 1)),
+                       ("extreme_middle", ["t"], "m", (False, False))], ["q"], ["m", "t"], threads=1)
+    m, t = program(q)
+    assert same_bits(t, np.ascontiguousarray(conv(q).transpose(0, 2, 3, 1)))
+    assert same_bits(m, extreme_over_middle_axes(t, False))
 
 
 @pytest.mark.parametrize("index_type", [np.int64, np.int32])
