@@ -20,7 +20,8 @@ the same bits:
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
     Div, Erf, Add, Mul, Mul      kernels.gelu                     "gelu" (x·(erf(x / d) + 1)·0.5 in one pass)
-    Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists)
+    Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists;
+                                                                    none where a shape is not known)
     Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
@@ -31,8 +32,10 @@ the same bits:
       (the middle axes: [N, *positions, C], a channels-last global max pool)
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
+    MaxPool                      kernels.max_pool_q (−inf padding) "max_pool" (2-D)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
     Cast between float32, bool   numpy's astype                   none
+    Shape, Gather, Concat, ...   lpt.backend.shape_steps          none (shape arithmetic, data movement)
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
 and a Gather from a constant table where the model's input holds its indices (a token embedding);
@@ -43,12 +46,15 @@ differ (kernels.float_ops says where). A plan with dynamic quantization takes no
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
 from lpt.backend.chains import read_gelu, read_post_op
-from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step
+from lpt.backend.int8_steps import LAYOUT_OPS, _max_pool_instruction, _step, layout_step
+from lpt.backend.shape_steps import try_shape_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -80,13 +86,13 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if not own_results and node.op_type in OWN_FLOAT_RESULTS:
         return None
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
-        return _lookup(node)
+        return _lookup(node) or try_shape_step(node, BACKEND)
     if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _float_step(lambda a: [a], [node.inputs[0]], node, ("identity", None))
     if node.op_type in LAYOUT_OPS and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
-        return layout_step(node, BACKEND)
-    if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
-        return _concat(node)
+        return layout_step(node, BACKEND) or try_shape_step(node, BACKEND)
+    if node.op_type in ("Concat", "Shape") and node.domain in ("", "ai.onnx"):
+        return (_concat(node) if node.op_type == "Concat" else None) or try_shape_step(node, BACKEND)
     if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _nearest_upsampling(node)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
@@ -103,6 +109,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if node.op_type in _BINARY and any(v is None or v.dtype != _FLOAT for v in node.inputs):
         return None
     x = node.inputs[0]
+    if node.op_type == "MaxPool":
+        return _max_pool(node)
     if node.op_type == "GlobalAveragePool":
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))
     if node.op_type == "HardSwish":
@@ -131,10 +139,13 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _average_pool(node)
     if node.op_type == "Div" and own_results and (fused := _gelu(node)) is not None:  # its Erf is lpt's own
         return fused
-    if node.op_type in _BINARY and len(node.inputs) == 2 and _engine_broadcasts(*node.inputs):
+    if node.op_type in _BINARY and len(node.inputs) == 2:
         operation, name = _BINARY[node.op_type]
-        # asarray: numpy gives a scalar for two 0-d arrays (a dynamic quantization's scales)
-        return _float_step(lambda a, b: [np.asarray(operation(a, b))], list(node.inputs), node, ("binary", name))
+        # the engine's broadcasts; where a shape is not known (after a Squeeze of every 1, say), numpy's
+        native = ("binary", name) if _engine_broadcasts(*node.inputs) else None
+        if native is not None or any(v.shape is None for v in node.inputs):
+            # asarray: numpy gives a scalar for two 0-d arrays (a dynamic quantization's scales)
+            return _float_step(lambda a, b: [np.asarray(operation(a, b))], list(node.inputs), node, native)
     if node.op_type == "Softmax" and x.shape is not None and _is_last_axis(node, x, default=None):
         return _float_step(lambda a: [kernels.softmax(a)], [x], node, ("softmax", None))
     if node.op_type == "LayerNormalization":
@@ -323,6 +334,19 @@ def _reduce_mean(node: ir.Node) -> tuple | None:
     if axis == 1 and rank == 3:
         return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
     return None
+
+
+def _max_pool(node: ir.Node) -> tuple | None:
+    """MaxPool of float32 [N, C, *spatial] (padding −inf; a NaN in a window gives NaN, numpy's maximum)."""
+    if attribute(node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
+        return None
+    window = kernels.Window.of(attribute(node, "kernel_shape"), attribute(node, "strides"), attribute(node, "dilations"),
+                               attribute(node, "pads"), attribute(node, "auto_pad", "NOTSET")).with_fixed_pads()
+    if window is None:
+        return None
+    run = partial(kernels.max_pool_q, kernel_shape=window.kernel, strides=window.strides, pads=window.pads,
+                  dilations=window.dilations)
+    return _float_step(lambda a: [run(a)], [node.inputs[0]], node, _max_pool_instruction(window))
 
 
 def _average_pool(node: ir.Node) -> tuple | None:

@@ -446,11 +446,13 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
     axes = attribute(node, "axes")  # before opset 13; an input from it on
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_array(node.inputs[1])
-    if axes is None:
-        return None  # Squeeze without axes: every 1, which the shape may not say
-    axes = tuple(int(a) for a in np.reshape(axes, -1))
-    if node.op_type == "Squeeze":
-        return _step(lambda q: [np.squeeze(q, axis=axes)], [x], [node], native=("squeeze", axes), backend=backend)
+        if axes is None:
+            return None
+    if axes is None and node.op_type == "Unsqueeze":
+        return None
+    axes = () if axes is None else tuple(int(a) for a in np.reshape(axes, -1))
+    if node.op_type == "Squeeze":  # without axes (or with none): every axis of 1, as onnxruntime's
+        return _step(lambda q: [np.squeeze(q, axis=axes or None)], [x], [node], native=("squeeze", axes), backend=backend)
     return _step(lambda q: [np.expand_dims(q, axes)], [x], [node], native=("unsqueeze", axes), backend=backend)
 
 

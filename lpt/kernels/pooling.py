@@ -21,15 +21,24 @@ from lpt.kernels.window import Window
 
 
 def max_pool_q(q, kernel_shape, strides=None, pads=None, dilations=None) -> np.ndarray:
-    """out[n, c, o] = max over the window of q, padding = the dtype's minimum (ONNX MaxPool on integers)."""
+    """out[n, c, o] = max over the window of q, padding = the dtype's minimum (ONNX MaxPool on integers).
+
+    On floats the padding is −inf, and the maximum a fold over the taps in order in which a value replaces
+    the running one where it is greater, or is NaN while the running one is not: a NaN wins (the first),
+    and of equal values (−0 and +0) the first stays."""
     q = np.asarray(q)
     window = Window.of(kernel_shape, strides, dilations, pads)
     out_shape = window.output_shape(q.shape[2:])
-    padded = window.padded(q, np.iinfo(q.dtype).min)
+    floats = q.dtype.kind == "f"
+    padded = window.padded(q, -np.inf if floats else np.iinfo(q.dtype).min)
     taps = window.tap_slices(out_shape)
     out = padded[next(taps)].copy(order="K")  # keep the layout (channels-last stays so)
     for index in taps:
-        np.maximum(out, padded[index], out=out)
+        if floats:
+            value = padded[index]
+            np.copyto(out, value, where=(value > out) | (np.isnan(value) & ~np.isnan(out)))
+        else:
+            np.maximum(out, padded[index], out=out)
     return out
 
 

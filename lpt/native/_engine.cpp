@@ -1274,16 +1274,17 @@ void step(Program &program, const Instruction &ins) {
             break;
         }
         case Code::max_pool: {
-            if (!a.eight_bit() || a.dims.size() != 4) throw Unsupported("max pool on other than 8-bit [N, C, H, W]");
+            if ((!a.eight_bit() && a.type != 'f') || a.dims.size() != 4)
+                throw Unsupported("max pool on other than 8-bit or float32 [N, C, H, W]");
             const int64_t h = a.dims[2], w = a.dims[3];
             out.dims = {a.dims[0], a.dims[1], ins.pool.out_h(h), ins.pool.out_w(w)};
             void *o = out.allocate(a.type, out.count());
             out.channels_last = a.transposed();
             if (out.channels_last)
-                lpt_ops::max_pool_channels_last(a.data, a.type == 'b', a.dims[0], a.dims[1], h, w, ins.pool, o,
+                lpt_ops::max_pool_channels_last(a.data, a.type, a.dims[0], a.dims[1], h, w, ins.pool, o,
                                                 program.threads);
             else
-                lpt_ops::max_pool(a.data, a.type == 'b', a.dims[0] * a.dims[1], h, w, ins.pool, o, program.threads);
+                lpt_ops::max_pool(a.data, a.type, a.dims[0] * a.dims[1], h, w, ins.pool, o, program.threads);
             break;
         }
         case Code::resize_nearest: {  // ins.shape: (kh, kw)
@@ -1373,8 +1374,14 @@ void step(Program &program, const Instruction &ins) {
             out.channels_last = a.channels_last;
             break;
         case Code::squeeze:
-        case Code::unsqueeze: {  // ins.shape: the axes, ONNX's (negative ones from the end of the output's rank)
+        case Code::unsqueeze: {  // ins.shape: the axes, ONNX's (negative ones from the end of the output's rank);
+                                 // a squeeze of none: every axis of 1, as ONNX's without axes
             std::vector<int64_t> dims = a.dims;
+            if (ins.code == Code::squeeze && ins.shape.empty()) {
+                dims.erase(std::remove(dims.begin(), dims.end(), 1), dims.end());
+                view_as(out, a, dims, program.threads);
+                break;
+            }
             const int64_t rank = (int64_t)dims.size() + (ins.code == Code::unsqueeze ? (int64_t)ins.shape.size() : 0);
             std::vector<int64_t> axes;
             for (auto axis : ins.shape) axes.push_back(axis < 0 ? axis + rank : axis);

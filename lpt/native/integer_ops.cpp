@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -46,6 +47,20 @@ inline void load_block(const void *q, bool is_signed, int64_t n, float *x) {
         for (int64_t i = 0; i < n; ++i) x[i] = (float)static_cast<const uint8_t *>(q)[i];
 }
 
+// The larger of the running maximum and a value: of equal ones the running one; for floats a NaN wins
+// and the first NaN stays (numpy's maximum, folded over the taps in order).
+template <typename T>
+inline T larger(T best, T v) {
+    if constexpr (std::is_floating_point_v<T>) return best != best || !(v > best || v != v) ? best : v;
+    else return std::max(best, v);
+}
+
+// The padding's value: it can tie, never win.
+template <typename T>
+constexpr T lowest() {
+    return std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::min();
+}
+
 template <typename T>
 void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Pool &p, T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
@@ -55,13 +70,13 @@ void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Po
         T *o = out + plane * oh * ow;
         for (int64_t y = 0; y < oh; ++y)
             for (int64_t x = 0; x < ow; ++x) {
-                T best = std::numeric_limits<T>::min();  // the padding's value: it can tie, never win
+                T best = lowest<T>();
                 for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
                     const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
                     if (iy < 0 || iy >= h) continue;
                     for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
                         const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
-                        if (ix >= 0 && ix < w) best = std::max(best, in[iy * w + ix]);
+                        if (ix >= 0 && ix < w) best = larger(best, in[iy * w + ix]);
                     }
                 }
                 o[y * ow + x] = best;
@@ -81,7 +96,7 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
             // where it falls inside), so the row is the maximum of runs of bytes, taken with vectors.
             // PaddleOCR's detector's 2×2 pool of 24 channels over 320×320: 2.2 ms position by position.
             T *o = out + (n * oh + y) * ow * channels;
-            std::fill(o, o + ow * channels, std::numeric_limits<T>::min());
+            std::fill(o, o + ow * channels, lowest<T>());
             for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
                 const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
                 if (iy < 0 || iy >= h) continue;
@@ -91,14 +106,14 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
                     if (first >= end) continue;
                     const T *in = src + ((n * h + iy) * w + first + shift) * channels;
                     T *to = o + first * channels;
-                    for (int64_t i = 0; i < (end - first) * channels; ++i) to[i] = std::max(to[i], in[i]);
+                    for (int64_t i = 0; i < (end - first) * channels; ++i) to[i] = larger(to[i], in[i]);
                 }
             }
             return;
         }
         for (int64_t x = 0; x < ow; ++x) {
             T *o = out + ((n * oh + y) * ow + x) * channels;
-            std::fill(o, o + channels, std::numeric_limits<T>::min());
+            std::fill(o, o + channels, lowest<T>());
             for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
                 const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
                 if (iy < 0 || iy >= h) continue;
@@ -106,7 +121,7 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
                     const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
                     if (ix < 0 || ix >= w) continue;
                     const T *in = src + ((n * h + iy) * w + ix) * channels;
-                    for (int64_t c = 0; c < channels; ++c) o[c] = std::max(o[c], in[c]);
+                    for (int64_t c = 0; c < channels; ++c) o[c] = larger(o[c], in[c]);
                 }
             }
         }
@@ -129,14 +144,17 @@ void transpose_typed(const T *src, T *dst, int64_t images, int64_t rows, int64_t
 
 }  // namespace
 
-void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int64_t channels, int64_t h, int64_t w,
+void max_pool_channels_last(const void *src, char type, int64_t images, int64_t channels, int64_t h, int64_t w,
                             const Pool &pool, void *out, int threads) {
-    if (is_signed)
+    if (type == 'b')
         max_pool_channels_last_typed(static_cast<const int8_t *>(src), images, channels, h, w, pool,
                                      static_cast<int8_t *>(out), threads);
-    else
+    else if (type == 'B')
         max_pool_channels_last_typed(static_cast<const uint8_t *>(src), images, channels, h, w, pool,
                                      static_cast<uint8_t *>(out), threads);
+    else
+        max_pool_channels_last_typed(static_cast<const float *>(src), images, channels, h, w, pool,
+                                     static_cast<float *>(out), threads);
 }
 
 void transpose(const void *src, void *dst, int64_t images, int64_t rows, int64_t columns, int item, int threads) {
@@ -294,12 +312,14 @@ void permute(const unsigned char *in, int item, const int64_t *dims, const int64
         permute_typed(in, dims, step, rank, out);
 }
 
-void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
+void max_pool(const void *src, char type, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
               int threads) {
-    if (is_signed)
+    if (type == 'b')
         max_pool_typed(static_cast<const int8_t *>(src), planes, h, w, pool, static_cast<int8_t *>(out), threads);
-    else
+    else if (type == 'B')
         max_pool_typed(static_cast<const uint8_t *>(src), planes, h, w, pool, static_cast<uint8_t *>(out), threads);
+    else
+        max_pool_typed(static_cast<const float *>(src), planes, h, w, pool, static_cast<float *>(out), threads);
 }
 
 }  // namespace lpt_ops

@@ -41,16 +41,17 @@ void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n,
 void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
                        float *out, int threads);
 
-// ONNX MaxPool (2-D, floor mode) on uint8 or int8 [images, channels, h, w]; the padding never wins.
+// ONNX MaxPool (2-D, floor mode) on [images, channels, h, w] of uint8, int8 ('B', 'b') or float32 ('f'): the
+// padding never wins; of floats a NaN does, the first in tap order (lpt.kernels.max_pool_q).
 struct Pool {
     int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, pad_bottom, pad_right;
     int64_t out_h(int64_t h) const { return (h + pad_top + pad_bottom - (kernel_h - 1) * dilation_h - 1) / stride_h + 1; }
     int64_t out_w(int64_t w) const { return (w + pad_left + pad_right - (kernel_w - 1) * dilation_w - 1) / stride_w + 1; }
 };
-void max_pool(const void *src, bool is_signed, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
+void max_pool(const void *src, char type, int64_t planes, int64_t h, int64_t w, const Pool &pool, void *out,
               int threads);
 // The same on channels-last [images, h, w, channels].
-void max_pool_channels_last(const void *src, bool is_signed, int64_t images, int64_t channels, int64_t h, int64_t w,
+void max_pool_channels_last(const void *src, char type, int64_t images, int64_t channels, int64_t h, int64_t w,
                             const Pool &pool, void *out, int threads);
 
 // out[i0, …, i(r−1)] = in[Σ i_k·step_k] over out's dims, row-major: a transpose of items of `item`

@@ -49,7 +49,7 @@ class Program:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """The outputs, in order. Raises Unsupported where an instruction does not take its input."""
-        arrays = [np.ascontiguousarray(a) for a in arrays]
+        arrays = [np.asarray(a, order="C") for a in arrays]  # ascontiguousarray would make a 0-d array 1-d
         try:
             results = engine.program_run(self._program, arrays)
         except NotImplementedError as why:

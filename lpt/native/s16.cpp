@@ -229,11 +229,11 @@ __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1
 
 // The 8-bit output stage of a layer with no post-op or one clip (Relu, Clip, ReLU6: most layers) on
 // the first eight channels (HALVES 1) or all sixteen, in a loop with every constant in a register and
-// nothing tested per position: half a 1×1 48→96 convolution's time went to its stage before. Two
-// rewrites of stage_values' operations that change no level: the bias is added even when there is
-// none (x + 0 is x, but for −0, which quantizes as +0), and the clip is max(low, x) then min(high, x),
-// an absent bound being ∓inf: each returns x when x is NaN, as the comparisons do, and differs from
-// them only in the sign of a zero.
+// nothing tested per position (a 3→24 stem and a 1→32 one: 3-5% faster on one thread). Two rewrites
+// of stage_values' operations that change no level: the bias is added even when there is none (x + 0
+// is x, but for −0, which quantizes as +0), and the clip is max(low, x) then min(high, x), an absent
+// bound being ∓inf: each returns x when x is NaN, as the comparisons do, and differs from them only in
+// the sign of a zero.
 template <typename T, int HALVES>
 __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
                                                    int64_t valid, T *out, int64_t out_stride) {

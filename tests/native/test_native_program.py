@@ -109,10 +109,34 @@ def test_max_pool_equals_lpts_max_pool(seed, kh, kw, sh, sw, dilation, pad, dtyp
     assert same_bits(program(q)[0], expected)
 
 
+@pytest.mark.parametrize("window", [((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)), ((1, 4), (1, 4), (1, 1), (0, 0, 0, 0)),
+                                    ((3, 3), (1, 1), (1, 1), (1, 1, 1, 1)), ((3, 2), (2, 1), (2, 1), (1, 0, 1, 1))])
+def test_a_float_max_pool_is_lpts(window):
+    """float32, channels-first with NaNs (two payloads), infinities and zeros of both signs among the values
+    (a NaN wins, the first in tap order; of equal values the first), and channels-last through a 1×1
+    convolution's float32 output."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(0, 1, (2, 3, 9, 10)).astype(np.float32)
+    special = np.float32([np.inf, -np.inf, 0.0, -0.0, np.uint32(0x7FC00001).view(np.float32),
+                          np.uint32(0x7FC00002).view(np.float32)])
+    x.reshape(-1)[::7] = special[rng.integers(0, len(special), x.size // 7 + 1)]
+    x[0, 0, :2, :4] = np.float32([[-0.0, 0.0, 0.0, -0.0], [-1.0, -2.0, -3.0, -4.0]])
+    kernel, strides, dilations, pads = window
+    expected = max_pool_q(x, kernel, strides, pads, dilations)
+    [got] = Program([("max_pool", ["x"], "y", window)], ["x"], ["y"], threads=2)(x)
+    assert same_bits(got, expected)
+    q = rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8)
+    identity = lpt.native.Conv(np.eye(3, dtype=np.int8).reshape(3, 3, 1, 1), src_zero_point=128,
+                               multiplier=np.float32(0.5))
+    program = Program([("layer", ["q"], "x", identity.instruction[1]), ("max_pool", ["x"], "y", window)], ["q"], ["y"],
+                      threads=2)
+    assert same_bits(program(q)[0], max_pool_q(identity(q), kernel, strides, pads, dilations))
+
+
 def test_an_instruction_that_does_not_take_its_input_raises_unsupported():
     program = Program([("max_pool", ["q"], "y", ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)))], ["q"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="max pool"):
-        program(np.zeros((1, 1, 4, 4), np.float32))
+        program(np.zeros((1, 1, 4, 4), np.int32))
 
 
 @pytest.mark.parametrize("name", ["digits_cnn", "conv_net", "digits_zoo", "digits_transformer"])
