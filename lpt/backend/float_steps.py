@@ -35,7 +35,6 @@ the same bits:
     MaxPool                      kernels.max_pool_q (−inf padding) "max_pool" (2-D)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
     Cast between float32, bool   numpy's astype                   none
-    Shape, Gather, Concat, ...   lpt.backend.shape_steps          none (shape arithmetic, data movement)
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
 and a Gather from a constant table where the model's input holds its indices (a token embedding);
@@ -54,7 +53,6 @@ import onnx_ir as ir
 from lpt import kernels
 from lpt.backend.chains import read_gelu, read_post_op
 from lpt.backend.int8_steps import LAYOUT_OPS, _max_pool_instruction, _step, layout_step
-from lpt.backend.shape_steps import try_shape_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -86,13 +84,13 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if not own_results and node.op_type in OWN_FLOAT_RESULTS:
         return None
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
-        return _lookup(node) or try_shape_step(node, BACKEND)
+        return _lookup(node)
     if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _float_step(lambda a: [a], [node.inputs[0]], node, ("identity", None))
     if node.op_type in LAYOUT_OPS and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
-        return layout_step(node, BACKEND) or try_shape_step(node, BACKEND)
-    if node.op_type in ("Concat", "Shape") and node.domain in ("", "ai.onnx"):
-        return (_concat(node) if node.op_type == "Concat" else None) or try_shape_step(node, BACKEND)
+        return layout_step(node, BACKEND)
+    if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
+        return _concat(node)
     if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _nearest_upsampling(node)
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
