@@ -41,13 +41,18 @@ class Plan:
     constants: dict[str, np.ndarray]
     # The steps as run: `steps` with runs of native steps fused into one call each (native_program)
     run_steps: list[Step] | None = None
-    _last_use: dict[int, dict[str, int]] = field(default_factory=dict)  # id(step list) → name → last reader
+    # id(step list) → for each step, the tensors no later step reads and no output is: dropped after it
+    _dropped_after: dict[int, list[tuple[str, ...]]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.run_steps is None:
             self.run_steps = self.steps
         for steps in (self.steps, self.run_steps):
-            self._last_use[id(steps)] = {name: index for index, step in enumerate(steps) for name in step.inputs}
+            last_use = {name: index for index, step in enumerate(steps) for name in step.inputs}
+            self._dropped_after[id(steps)] = [
+                tuple(name for name in dict.fromkeys(step.inputs)  # a step may read one tensor twice (x·x)
+                      if last_use[name] == index and name not in self.outputs and name not in self.constants)
+                for index, step in enumerate(steps)]
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
         """Outputs by name; with `keep`, every intermediate tensor too (for per-layer checks)."""
@@ -58,16 +63,13 @@ class Plan:
         # model more than its steps (hundreds of initializers).
         env = {n: feeds[n] for n in self.inputs}
         constants = self.constants
-        outputs = set(self.outputs)
         steps = self.steps if keep else self.run_steps
-        last_use = self._last_use[id(steps)]
-        for index, step in enumerate(steps):
+        for step, dropped in zip(steps, self._dropped_after[id(steps)]):
             results = step.run(*[env[n] if n in env else constants[n] for n in step.inputs])
             env.update(zip(step.outputs, results))
             if not keep:
-                for name in set(step.inputs):  # a step may read one tensor twice (x·x)
-                    if last_use.get(name) == index and name not in outputs and name in env:
-                        del env[name]
+                for name in dropped:
+                    env.pop(name, None)
         if keep:
             return {**constants, **env}
         return {n: env[n] if n in env else constants[n] for n in self.outputs}
