@@ -32,7 +32,7 @@ the same bits:
       (the middle axes: [N, *positions, C], a channels-last global max pool)
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
-    MaxPool                      kernels.max_pool_q (−inf padding) "max_pool" (2-D)
+    MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
     Cast between float32, bool   numpy's astype                   none
 
@@ -45,14 +45,12 @@ differ (kernels.float_ops says where). A plan with dynamic quantization takes no
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
 from lpt.backend.chains import read_gelu, read_post_op
-from lpt.backend.int8_steps import LAYOUT_OPS, _max_pool_instruction, _step, layout_step
+from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -108,7 +106,7 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return None
     x = node.inputs[0]
     if node.op_type == "MaxPool":
-        return _max_pool(node)
+        return max_pool_step(node, BACKEND)
     if node.op_type == "GlobalAveragePool":
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))
     if node.op_type == "HardSwish":
@@ -332,19 +330,6 @@ def _reduce_mean(node: ir.Node) -> tuple | None:
     if axis == 1 and rank == 3:
         return _float_step(lambda a: [kernels.mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
     return None
-
-
-def _max_pool(node: ir.Node) -> tuple | None:
-    """MaxPool of float32 [N, C, *spatial] (padding −inf; a NaN in a window gives NaN, numpy's maximum)."""
-    if attribute(node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
-        return None
-    window = kernels.Window.of(attribute(node, "kernel_shape"), attribute(node, "strides"), attribute(node, "dilations"),
-                               attribute(node, "pads"), attribute(node, "auto_pad", "NOTSET")).with_fixed_pads()
-    if window is None:
-        return None
-    run = partial(kernels.max_pool_q, kernel_shape=window.kernel, strides=window.strides, pads=window.pads,
-                  dilations=window.dilations)
-    return _float_step(lambda a: [run(a)], [node.inputs[0]], node, _max_pool_instruction(window))
 
 
 def _average_pool(node: ir.Node) -> tuple | None:

@@ -461,19 +461,26 @@ def onnx_reshape_dims(shape: tuple, target: tuple, allow_zero: bool) -> tuple:
     return tuple(shape[i] if d == 0 and not allow_zero else d for i, d in enumerate(target))
 
 
+def max_pool_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
+    """A MaxPool of 8-bit or float32 values (kernels.max_pool_q), or None where it has ceil_mode or its
+    indices are read."""
+    if attribute(node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
+        return None
+    # auto_pad VALID (TensorFlow's exports), or SAME_* with stride 1 (Paddle's), has pads fixed ahead
+    window = kernels.Window.of(attribute(node, "kernel_shape"), attribute(node, "strides"), attribute(node, "dilations"),
+                               attribute(node, "pads"), attribute(node, "auto_pad", "NOTSET")).with_fixed_pads()
+    if window is None:
+        return None
+    run = partial(kernels.max_pool_q, kernel_shape=window.kernel, strides=window.strides, pads=window.pads,
+                  dilations=window.dilations)
+    return _step(lambda q: [run(q)], [node.inputs[0]], [node], [node.outputs[0]], native=_max_pool_instruction(window),
+                 backend=backend)
+
+
 def _integer_op(node: ir.Node):
     x = node.inputs[0]
     if node.op_type == "MaxPool":
-        if attribute(node, "ceil_mode", 0) or (len(node.outputs) > 1 and node.outputs[1].uses()):
-            return None
-        # auto_pad VALID (TensorFlow's exports), or SAME_* with stride 1 (Paddle's), has pads fixed ahead
-        window = kernels.Window.of(attribute(node, "kernel_shape"), attribute(node, "strides"), attribute(node, "dilations"),
-                                   attribute(node, "pads"), attribute(node, "auto_pad", "NOTSET")).with_fixed_pads()
-        if window is None:
-            return None
-        run = partial(kernels.max_pool_q, kernel_shape=window.kernel, strides=window.strides, pads=window.pads,
-                      dilations=window.dilations)
-        return _step(lambda q: [run(q)], [x], [node], [node.outputs[0]], native=_max_pool_instruction(window))
+        return max_pool_step(node)
     if node.op_type == "Flatten":
         axis = attribute(node, "axis", 1)
 
