@@ -18,6 +18,24 @@ def regions(plan):
     return [s.op_types for s in plan.steps if s.backend != "int8 kernel"]
 
 
+def plan_without_onnxruntime(g: Graph, inputs: dict, **build):
+    """The graph's FQ model, its int8 graph and that graph's plan, which must hold no onnxruntime session."""
+    _, fq_model = g.build(inputs, ["y"], **build)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert "onnxruntime" not in {s.backend for s in plan.steps}, regions(plan)
+    return fq_model, int8, plan
+
+
+def run_against_numpy_and_onnxruntime(fq_model, int8, plan, x: np.ndarray, **tolerance) -> np.ndarray:
+    """The plan's y: the NumPy plan's bits, and onnxruntime's values on the FQ model within `tolerance`."""
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x})["y"], **tolerance)
+    return ours
+
+
 def test_a_head_whose_values_have_no_type_runs_as_one_region():
     """com.microsoft's Gelu is onnxruntime's, unknown to onnx's shape inference: every value after it is untyped."""
     g = Graph()
@@ -283,16 +301,11 @@ def test_a_global_max_of_channels_last_maps_is_lpts():
     maps = g.op("Transpose", [g.op("Relu", [conv])], perm=[0, 2, 3, 1])
     pooled = g.op("ReduceMax", [maps], axes=[1, 2], keepdims=0)
     g.op("MatMul", [g.fq(pooled, 0.05, np.uint8(0)), g.weight((16, 4), axis=1)], name="y")
-    _, fq_model = g.build({"x": [2, 3, 9, 7]}, ["y"])
-    int8 = lpt.clone(fq_model)
-    lpt.transform(int8)
-    plan = compile_model(int8)
-    assert regions(plan) == [("Transpose",), ("ReduceMax",)] and "onnxruntime" not in {s.backend for s in plan.steps}
-    x = RNG.uniform(-2, 2, (2, 3, 9, 7)).astype(np.float32)
-    ours = plan.run({"x": x})["y"]
-    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": [2, 3, 9, 7]})
+    assert regions(plan) == [("Transpose",), ("ReduceMax",)]
     # the same levels: the dense layer's float32 sums differ in their last bits at most
-    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x})["y"], rtol=1e-6, atol=1e-5)
+    run_against_numpy_and_onnxruntime(fq_model, int8, plan, RNG.uniform(-2, 2, (2, 3, 9, 7)).astype(np.float32),
+                                      rtol=1e-6, atol=1e-5)
     if lpt.native.available():
         assert len(plan.run_steps) == 1
 
@@ -311,18 +324,29 @@ def test_a_float_max_pool_and_a_squeeze_of_every_axis_of_one_are_lpts():
     dense = g.op("MatMul", [flat, g.weight((32, 1), axis=1)])  # [N, 1]
     score = g.op("Sigmoid", [g.op("Squeeze", [dense])])
     g.op("Add", [g.op("Mul", [score, g.const(np.float32(4.0))]), g.const(np.float32(1.0))], name="y")
-    _, fq_model = g.build({"x": [1, 2, 1, 16]}, ["y"], output_shapes={"y": []})
-    int8 = lpt.clone(fq_model)
-    lpt.transform(int8)
-    plan = compile_model(int8)
-    assert "onnxruntime" not in {s.backend for s in plan.steps}, regions(plan)
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": [1, 2, 1, 16]}, output_shapes={"y": []})
     x = RNG.uniform(-2, 2, (1, 2, 1, 16)).astype(np.float32)
-    ours = plan.run({"x": x})["y"]
-    assert ours.shape == ()
-    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x})["y"])
-    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x})["y"], rtol=1e-6)
+    assert run_against_numpy_and_onnxruntime(fq_model, int8, plan, x, rtol=1e-6).shape == ()
     if lpt.native.available():
         assert {("squeeze", ()), ("max_pool", ((1, 4), (1, 4), (1, 1), (0, 0, 0, 0)))} <= {s.native for s in plan.steps}
+
+
+def test_a_zero_padding_before_the_first_layer_is_lpts():
+    """openWakeWord's embedding model: its input quantized, then a Keras ZeroPadding2D (a constant Pad on
+    [N, H, W, C]) before the first convolution. lpt's step (on the 8-bit values), in the layers' native
+    program, with onnxruntime's values."""
+    import lpt.native
+
+    g = Graph()
+    padded = g.op("Pad", [g.fq("x", 0.02, np.uint8(128)), g.const(np.int64([0, 0, 1, 0, 0, 0, 1, 0]))])
+    maps = g.op("Transpose", [padded], perm=[0, 3, 1, 2])
+    g.op("Conv", [maps, g.weight((4, 1, 3, 3)), g.const(np.ones(4, np.float32))], name="y")
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": [1, 6, 5, 1]})
+    ours = run_against_numpy_and_onnxruntime(fq_model, int8, plan, RNG.uniform(-2, 2, (1, 6, 5, 1)).astype(np.float32),
+                                             rtol=1e-6, atol=1e-5)
+    assert ours.shape == (1, 4, 4, 5)  # W padded 5 → 7, then a 3×3 convolution without pads
+    if lpt.native.available():
+        assert len(plan.run_steps) == 1
 
 
 def gelu_between_two_layers(swap: bool, layer_output_read_elsewhere: bool):

@@ -33,6 +33,7 @@ the same bits:
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
+    Pad (constant)               numpy's pad                      "pad" (int8_steps.pad_step)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
     Cast between float32, bool   numpy's astype                   none
 
@@ -50,7 +51,7 @@ import onnx_ir as ir
 
 from lpt import kernels
 from lpt.backend.chains import read_gelu, read_post_op
-from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step
+from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -107,6 +108,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     x = node.inputs[0]
     if node.op_type == "MaxPool":
         return max_pool_step(node, BACKEND)
+    if node.op_type == "Pad":
+        return pad_step(node, BACKEND)
     if node.op_type == "GlobalAveragePool":
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))
     if node.op_type == "HardSwish":

@@ -38,6 +38,7 @@ from lpt.backend.chains import (INTEGER_TYPES, only_consumer, optional_constant,
                                 read_int8_layer, read_quantization)
 from lpt.backend.emulation import saturating_layer_function
 from lpt.backend.step import Int8Layer, Step
+from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
 from lpt.kernels.quantize import integer_container
@@ -81,6 +82,8 @@ def try_int8_step(node: ir.Node, threads: int = 0, native: bool = True,
         return _dequantize(node)
     if integer_input and node.op_type in ("MaxPool", "Relu", "Max", "Clip", "Flatten", *LAYOUT_OPS):
         return _integer_op(node)
+    if integer_input and node.op_type == "Pad":
+        return pad_step(node)
     return None
 
 
@@ -454,6 +457,30 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
     if node.op_type == "Squeeze":  # without axes (or with none): every axis of 1, as onnxruntime's
         return _step(lambda q: [np.squeeze(q, axis=axes or None)], [x], [node], native=("squeeze", axes), backend=backend)
     return _step(lambda q: [np.expand_dims(q, axes)], [x], [node], native=("unsqueeze", axes), backend=backend)
+
+
+def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
+    """A Pad in constant mode with constant, non-negative pads (opset 11 and later, without axes): a copy
+    inside a border of the constant, of any type (a Keras ZeroPadding2D's, before its convolution)."""
+    if attribute(node, "mode", "constant") not in ("constant", b"constant") or len(node.inputs) < 2 or \
+            node.inputs[1] is None or (len(node.inputs) > 3 and node.inputs[3] is not None):
+        return None
+    pads = const_array(node.inputs[1])
+    value = np.zeros(()) if len(node.inputs) < 3 or node.inputs[2] is None else const_array(node.inputs[2])
+    if pads is None or value is None or value.size != 1 or np.any(pads < 0) or pads.size % 2:
+        return None
+    rank = pads.size // 2
+    widths = tuple((int(pads[i]), int(pads[i + rank])) for i in range(rank))
+    fill = value.reshape(())
+
+    def pad(q):
+        q = np.asarray(q)
+        if q.ndim != rank:
+            raise DataError(f"node {node.name!r} (Pad): {rank * 2} pads for an input of rank {q.ndim}")
+        return [np.pad(q, widths, constant_values=fill.astype(q.dtype))]
+
+    return _step(pad, [node.inputs[0]], [node], native=("pad", (tuple(int(p) for p in pads), float(fill))),
+                 backend=backend)
 
 
 def onnx_reshape_dims(shape: tuple, target: tuple, allow_zero: bool) -> tuple:

@@ -984,6 +984,7 @@ enum class Code {
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
     binary,
     concat, softmax, layer_norm, mean_axis_1, mean_last_axis, extreme_middle, gather,
+    pad,  // values of any type
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
@@ -1014,6 +1015,7 @@ struct Instruction {
     float epsilon = 0;               // layer_norm
     bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
     bool smallest = false;           // extreme_middle: a min, not a max
+    float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
 };
 
@@ -1638,6 +1640,37 @@ void step(Program &program, const Instruction &ins) {
                                           static_cast<float *>(out.allocate('f', images * channels)));
             break;
         }
+        case Code::pad: {  // a copy of the values (channels-first) inside a border of ins.fill
+            const size_t rank = a.dims.size();
+            if (ins.shape.size() != 2 * rank || rank == 0) throw Unsupported("a pad whose pads do not fit the rank");
+            if (a.type != 'f' && !a.eight_bit()) throw Unsupported("a pad of other than float32 or 8-bit values");
+            const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
+            out.dims = a.dims;
+            for (size_t i = 0; i < rank; ++i) out.dims[i] += ins.shape[i] + ins.shape[rank + i];
+            const int item = a.item();
+            unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, out.count()));
+            unsigned char fill[4];  // the border's value in the values' type
+            if (a.type == 'f') std::memcpy(fill, &ins.fill, 4);
+            else if (a.type == 'B') fill[0] = (unsigned char)(uint8_t)ins.fill;
+            else fill[0] = (unsigned char)(int8_t)ins.fill;
+            const int64_t width = a.dims[rank - 1], out_width = out.dims[rank - 1], rows = out.count() / std::max<int64_t>(1, out_width);
+            std::vector<int64_t> index(rank, 0);  // the output row's index on each axis but the last
+            for (int64_t row = 0; row < rows && out_width; ++row) {
+                unsigned char *to = o + row * out_width * item;
+                int64_t source = 0;  // the source row, or −1 where the output row lies in the border
+                for (size_t i = 0; i + 1 < rank && source >= 0; ++i) {
+                    const int64_t at = index[i] - ins.shape[i];
+                    source = at < 0 || at >= a.dims[i] ? -1 : source * a.dims[i] + at;
+                }
+                for (int64_t x = 0; x < out_width; ++x) std::memcpy(to + x * item, fill, item);
+                if (source >= 0 && width) std::memcpy(to + ins.shape[rank - 1] * item, in + source * width * item, width * item);
+                for (size_t i = rank - 1; i-- > 0;) {  // the next output row
+                    if (++index[i] < out.dims[i]) break;
+                    index[i] = 0;
+                }
+            }
+            break;
+        }
         case Code::gather: {  // rows of the table by int32/int64 index, negative ones from the end
             if (a.type != 'q' && a.type != 'i') throw Unsupported("a gather by other than int32 or int64 indices");
             const int64_t rows = ins.shape[0], width = rows ? (int64_t)ins.table.size() / rows : 0;
@@ -1814,6 +1847,13 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;
                 parsed = PyArg_ParseTuple(extra, "p", &keepdims);
                 ins.keepdims = keepdims;
+            } else if (k == "pad") {  // (pads, value)
+                PyObject *pads;
+                ins.code = Code::pad;
+                parsed = PyArg_ParseTuple(extra, "Of", &pads, &ins.fill);
+                if (parsed) ins.shape = int_sequence(pads, "pad's pads");
+                if (parsed && (ins.shape.size() % 2 || std::any_of(ins.shape.begin(), ins.shape.end(), [](int64_t p) { return p < 0; })))
+                    throw std::invalid_argument("a pad's pads are a begin and an end per axis, none negative");
             } else if (k == "extreme_middle") {  // (keepdims, smallest)
                 int keepdims, smallest;
                 ins.code = Code::extreme_middle;
