@@ -419,8 +419,10 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
     if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
     static_assert(RUN % HALF_TILE == 0, "a run is whole tiles of either kind");
+    // a run's blocks one after the other, each reading the run's source while it is in L1 (block by
+    // block over all runs before: the PaddleOCR detector 1.4 % slower, alternating in one process)
     lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
-        const int64_t n = task / (blocks * runs), b = task / runs % blocks, first = task % runs * RUN;
+        const int64_t n = task / (blocks * runs), first = task / blocks % runs * RUN, b = task % blocks;
         const int64_t count = std::min(RUN, positions - first), valid = std::min(LANES, g.out_channels - b * LANES);
         const bool half = valid <= LANES / 2;
         const int64_t size = half ? HALF_TILE : TILE;
