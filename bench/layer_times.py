@@ -23,11 +23,14 @@ import numpy as np
 import lpt
 from lpt.backend.plan import compile_model
 from lpt.benchmark import _profile
+from lpt.calibration.data import input_specs
 
 
-def first_sample(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each input's first item along its batch axis (a state shaped [layers, N, ...] along axis 1)."""
-    return {k: (v[:, :1] if k == "state" else v[:1] if v.ndim else v) for k, v in data.items()}
+def first_sample(model, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each input's first item along its batch axis, as lpt's data reading finds it (a recurrent state's
+    [layers, N, ...] along axis 1); an input without one whole."""
+    axes = {spec.name: spec.batch_axis for spec in input_specs(model)}
+    return {k: v if axes.get(k) is None else v.take([0], axis=axes[k]) for k, v in data.items()}
 
 
 def openvino_layers(path: str, feed: dict, threads: int, repeats: int) -> dict[str, float]:
@@ -46,9 +49,8 @@ def openvino_layers(path: str, feed: dict, threads: int, repeats: int) -> dict[s
     return ms
 
 
-def lpt_layers(path: str, feed: dict, threads: int, repeats: int) -> list[tuple[str, str, float]]:
+def lpt_layers(model, feed: dict, threads: int, repeats: int) -> list[tuple[str, str, float]]:
     """(layer name, the ops it covers, ms) for each step and each instruction inside a native program."""
-    model = lpt.load(path)
     lpt.transform(model)
     plan = compile_model(model, threads=threads)
     plan.run(feed)
@@ -74,9 +76,10 @@ def main(argv=None) -> int:
     except ImportError:
         print("error: OpenVINO is not installed (pip install openvino)", file=sys.stderr)
         return 1
+    model = lpt.load(args.model)
     with np.load(args.data) as data:
-        feed = first_sample(dict(data))
-    ours = lpt_layers(args.model, feed, args.threads, args.repeats)
+        feed = first_sample(model, dict(data))
+    ours = lpt_layers(model, feed, args.threads, args.repeats)
     theirs = openvino_layers(args.model, feed, args.threads, args.repeats)
     print(f"lpt: {sum(ms for _, _, ms in ours):.2f} ms in its layers; OpenVINO: {sum(theirs.values()):.2f} ms "
           f"({args.threads} threads, median of {args.repeats} runs for lpt, mean for OpenVINO)")
