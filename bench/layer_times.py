@@ -80,7 +80,11 @@ def main(argv=None) -> int:
     with np.load(args.data) as data:
         feed = first_sample(model, dict(data))
     ours = lpt_layers(model, feed, args.threads, args.repeats)
-    theirs = openvino_layers(args.model, feed, args.threads, args.repeats)
+    try:
+        theirs = openvino_layers(args.model, feed, args.threads, args.repeats)
+    except RuntimeError as err:  # a model its frontend cannot convert
+        print(f"error: OpenVINO cannot run {args.model}: {str(err).strip().splitlines()[-1][:200]}", file=sys.stderr)
+        return 1
     print(f"lpt: {sum(ms for _, _, ms in ours):.2f} ms in its layers; OpenVINO: {sum(theirs.values()):.2f} ms "
           f"({args.threads} threads, median of {args.repeats} runs for lpt, mean for OpenVINO)")
     print(f"{'lpt ms':>8} {'OV ms':>8} {'ratio':>6}  layer (lpt's ops)")
