@@ -243,6 +243,11 @@ struct Operation {
     memory::dims weight_dims;  // oneDNN's: conv [g, OC/g, IC/g, *k] or [OC, IC, *k]; matmul [K, N]
     int64_t groups = 1, out_channels = 0, in_channels = 0;
     memory::dims strides, dilations, pads_begin, pads_end;  // dilations as oneDNN counts them (d − 1)
+    // A 1×1 convolution with a stride: its source is subsampled here (subsample) and the primitive has
+    // stride 1. With the stride, oneDNN 3.2's jit_uni_int8_1x1:avx2 (which subsamples into a buffer of
+    // its own) sometimes gives the first output position of an image wrong accumulators, in a varying
+    // number of runs: 8 → 16 channels over 4 × 32 × 32, stride 2, 1 to 13 runs in 40, on 1 or 2 threads.
+    bool subsample = false;
     int src_zero_point = 0;
     OutputStage stage;
     std::map<std::vector<int64_t>, std::unique_ptr<Prepared>> prepared;  // key: source dims + signedness
@@ -263,6 +268,22 @@ struct Operation {
     Scratch<int32_t> acc;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
+
+std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
+    std::vector<int64_t> dims = {src[0], op.out_channels};
+    if (op.kind == Kind::matmul) {
+        dims = std::vector<int64_t>(src.begin(), src.end() - 1);
+        dims.push_back(op.out_channels);
+        return dims;
+    }
+    const size_t spatial = src.size() - 2;
+    for (size_t i = 0; i < spatial; ++i) {
+        const int64_t k = op.weight_dims[op.weight_dims.size() - spatial + i];
+        const int64_t extent = (k - 1) * (op.dilations[i] + 1) + 1;
+        dims.push_back((src[2 + i] + op.pads_begin[i] + op.pads_end[i] - extent) / op.strides[i] + 1);
+    }
+    return dims;
+}
 
 tag channels_last_tag(int rank) { return rank == 3 ? tag::acb : rank == 4 ? tag::acdb : tag::acdeb; }
 
@@ -304,17 +325,14 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     memory::desc weights_desc;
     if (op.kind == Kind::conv) {
         const int rank = (int)src_dims.size();
-        memory::dims dst_dims = {src_dims[0], op.out_channels};
-        for (int i = 0; i < rank - 2; ++i) {
-            const int64_t k = op.weight_dims[op.weight_dims.size() - (rank - 2) + i];
-            const int64_t extent = (k - 1) * (op.dilations[i] + 1) + 1;
-            dst_dims.push_back((src_dims[2 + i] + op.pads_begin[i] + op.pads_end[i] - extent) / op.strides[i] + 1);
-        }
+        memory::dims dst_dims = layer_output_dims(op, src_dims);
+        if (op.subsample) std::copy(src_dims.begin() + 2, src_dims.end(), dst_dims.begin() + 2);  // src: subsampled
         const memory::desc src_md(src_dims, dt::u8, channels_last_tag(rank));
         const memory::desc dst_md(dst_dims, dt::s32, channels_last_tag(rank));
+        const memory::dims ones(rank - 2, 1), zeros(rank - 2, 0);
         auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
-                algorithm::convolution_direct, src_md, weights_any, dst_md, op.strides, op.dilations,
-                op.pads_begin, op.pads_end, attr);
+                algorithm::convolution_direct, src_md, weights_any, dst_md, op.subsample ? ones : op.strides,
+                op.dilations, op.subsample ? zeros : op.pads_begin, op.subsample ? zeros : op.pads_end, attr);
         p->impl = pd.impl_info_str();
         p->prim = convolution_forward(pd);
         weights_desc = pd.weights_desc();
@@ -357,6 +375,43 @@ void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t 
             const uint8_t *from = src + (n * channels + c) * positions + p0;
             uint8_t *to = dst + (n * positions + p0) * channels + c;
             for (int64_t p = 0; p < count; ++p) to[p * channels] = from[p] ^ flip;
+        }
+    });
+}
+
+// The source positions a 1×1 convolution's strides read (Operation::subsample), channels-last
+// [N, *out_spatial, C], XOR `flip`; a position in the padding holds `pad` (the zero point: adds nothing).
+// src: [N, C, *spatial] channels-first, or with `channels_last` [N, *spatial, C].
+void subsample(const uint8_t *src, const memory::dims &dims, bool channels_last, const Operation &op,
+               const memory::dims &out_dims, uint8_t flip, uint8_t pad, uint8_t *dst, int threads) {
+    const int64_t images = dims[0], channels = dims[1];
+    // up to three spatial axes, as depth, height and width (an axis of 1 where the convolution has none)
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, stride[3] = {1, 1, 1}, begin[3] = {0, 0, 0};
+    const int spatial = (int)dims.size() - 2;
+    for (int i = 0; i < spatial; ++i) {
+        const int axis = 3 - spatial + i;
+        in[axis] = dims[2 + i], out[axis] = out_dims[2 + i];
+        stride[axis] = op.strides[i], begin[axis] = op.pads_begin[i];
+    }
+    const int64_t in_positions = in[0] * in[1] * in[2], rows = images * out[0] * out[1];
+    lpt_parallel::for_each(rows * out[2] * channels >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t row) {
+        const int64_t n = row / (out[0] * out[1]), z = row / out[1] % out[0], y = row % out[1];
+        const int64_t iz = z * stride[0] - begin[0], iy = y * stride[1] - begin[1];
+        uint8_t *to = dst + row * out[2] * channels;
+        for (int64_t x = 0; x < out[2]; ++x, to += channels) {
+            const int64_t ix = x * stride[2] - begin[2];
+            if (iz < 0 || iz >= in[0] || iy < 0 || iy >= in[1] || ix < 0 || ix >= in[2]) {
+                std::memset(to, pad, channels);
+                continue;
+            }
+            const int64_t position = (iz * in[1] + iy) * in[2] + ix;
+            if (channels_last) {
+                const uint8_t *from = src + (n * in_positions + position) * channels;
+                for (int64_t c = 0; c < channels; ++c) to[c] = from[c] ^ flip;
+            } else {
+                const uint8_t *from = src + n * channels * in_positions + position;
+                for (int64_t c = 0; c < channels; ++c) to[c] = from[c * in_positions] ^ flip;
+            }
         }
     });
 }
@@ -548,6 +603,8 @@ PyObject *py_conv(PyObject *, PyObject *args) {
         op->pads_end = int_sequence(end_o, "pads_end");
         for (const auto *v : {&op->strides, &op->dilations, &op->pads_begin, &op->pads_end})
             if ((int)v->size() != spatial) throw std::invalid_argument("strides, dilations and pads need one value per kernel axis");
+        op->subsample = std::all_of(shape.begin() + 2, shape.end(), [](int64_t k) { return k == 1; }) &&
+                        std::any_of(op->strides.begin(), op->strides.end(), [](int64_t s) { return s > 1; });
         check_stage(*op);
         prepare_epilogue(*op);
         if (op->route == Route::s16) {
@@ -695,7 +752,12 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         return;
     }
     const int zero_point = src_zero_point + (signed_src ? 128 : 0);
-    Prepared &p = prepare(op, dims, signed_src, zero_point);
+    memory::dims read_dims = dims;  // the source as the primitive reads it
+    if (op.subsample) {
+        read_dims = layer_output_dims(op, dims);
+        read_dims[1] = dims[1];
+    }
+    Prepared &p = prepare(op, read_dims, signed_src, zero_point);
     *static_cast<int32_t *>(p.zero_point.get_data_handle()) = zero_point;
     const int64_t images = dims[0];
     int64_t positions = 1;
@@ -707,7 +769,12 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (out_bytes != out_items * item_size(dst))
         throw std::invalid_argument("out does not have the output's size");
     // The source as the primitive reads it: u8, channels-last. Bound in place where it is already so.
-    if (op.kind == Kind::conv && !channels_last && dims[1] > 1 && positions > 1) {
+    if (op.subsample) {
+        uint8_t *scratch = p.src_scratch.get(src_bytes);
+        subsample(data, dims, channels_last, op, read_dims, signed_src ? 0x80 : 0, (uint8_t)zero_point, scratch,
+                  op.threads);
+        data = scratch;
+    } else if (op.kind == Kind::conv && !channels_last && dims[1] > 1 && positions > 1) {
         uint8_t *scratch = p.src_scratch.get(src_bytes);
         to_channels_last(data, scratch, images, dims[1], positions, signed_src ? 0x80 : 0, op.threads);
         data = scratch;
@@ -1108,21 +1175,6 @@ const char *PROGRAM_CAPSULE = "lpt.native._engine.Program";
 constexpr size_t KEEP_PROGRAM_BYTES = (size_t)512 << 20;
 
 
-std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
-    std::vector<int64_t> dims = {src[0], op.out_channels};
-    if (op.kind == Kind::matmul) {
-        dims = std::vector<int64_t>(src.begin(), src.end() - 1);
-        dims.push_back(op.out_channels);
-        return dims;
-    }
-    const size_t spatial = src.size() - 2;
-    for (size_t i = 0; i < spatial; ++i) {
-        const int64_t k = op.weight_dims[op.weight_dims.size() - spatial + i];
-        const int64_t extent = (k - 1) * (op.dilations[i] + 1) + 1;
-        dims.push_back((src[2 + i] + op.pads_begin[i] + op.pads_end[i] - extent) / op.strides[i] + 1);
-    }
-    return dims;
-}
 
 void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch) {
     Operation &op = *ins.operation;
