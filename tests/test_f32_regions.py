@@ -403,13 +403,17 @@ def test_a_gelu_read_by_a_quantize_alone_is_the_layers_post_op_with_the_same_bit
     np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["y"], atol=0.05)  # an LSB at ties
 
 
-def silu_between_two_layers(swap: bool, layer_output_read_elsewhere: bool):
-    """Conv → Sigmoid → Mul(x, sigmoid(x)) → a quantized Conv (YOLO's SiLU, as ddddocr's exports write it)."""
+def activation_between_two_layers(activation: str, swap: bool, layer_output_read_elsewhere: bool):
+    """Conv → an activation → a quantized Conv: Sigmoid → Mul(x, sigmoid(x)) (YOLO's SiLU, as ddddocr's exports
+    write it), HardSigmoid → Mul(x, hard_sigmoid(x)) (PaddleOCR's hard swish), or a HardSwish node."""
     g = Graph()
     x = g.op("Conv", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 3, 3, 3)), g.const(np.zeros(8, np.float32))],
              pads=[1, 1, 1, 1])
-    gate = g.op("Sigmoid", [x])
-    y = g.op("Mul", [gate, x] if swap else [x, gate])
+    if activation == "HardSwish":
+        y = g.op("HardSwish", [x])
+    else:
+        gate = g.op("Sigmoid", [x]) if activation == "SiLU" else g.op("HardSigmoid", [x], alpha=0.2, beta=0.5)
+        y = g.op("Mul", [gate, x] if swap else [x, gate])
     g.op("Conv", [g.fq(y, 0.05, np.uint8(10)), g.weight((4, 8, 1, 1))], name="y")
     _, fq_model = g.build({"x": [2, 3, 6, 6]}, ["y", x] if layer_output_read_elsewhere else ["y"])
     int8 = lpt.clone(fq_model)
@@ -417,18 +421,22 @@ def silu_between_two_layers(swap: bool, layer_output_read_elsewhere: bool):
     return fq_model, int8
 
 
-@pytest.mark.parametrize("operands", ["x · sigmoid(x)", "sigmoid(x) · x"])
-def test_a_silu_read_by_a_quantize_alone_is_the_layers_post_op_with_the_same_bits(operands):
-    """Sigmoid and Mul by x: a post-op of the layer's output stage (the layer writes 8-bit values, not float32
-    ones for a Sigmoid and a Mul to read), with the bits of the two as their own steps."""
-    swap = operands == "sigmoid(x) · x"
-    fq_model, int8 = silu_between_two_layers(swap, layer_output_read_elsewhere=False)
+@pytest.mark.parametrize("activation, operands, post_op", [
+    ("SiLU", "x · f(x)", kernels.Silu()), ("SiLU", "f(x) · x", kernels.Silu()),
+    ("hard swish", "x · f(x)", kernels.HardSwish(float(np.float32(0.2)), 0.5)),
+    ("hard swish", "f(x) · x", kernels.HardSwish(float(np.float32(0.2)), 0.5)),
+    ("HardSwish", "", kernels.HardSwish(float(np.float32(1 / 6)), 0.5))])
+def test_an_activation_read_by_a_quantize_alone_is_the_layers_post_op_with_the_same_bits(activation, operands, post_op):
+    """A SiLU or a hard swish: a post-op of the layer's output stage (the layer writes 8-bit values, not float32
+    ones for the activation's ops to read), with the bits of those ops as their own steps."""
+    swap = operands == "f(x) · x"
+    fq_model, int8 = activation_between_two_layers(activation, swap, layer_output_read_elsewhere=False)
     plan = compile_model(int8)
-    [step] = [s for s in plan.steps if "Sigmoid" in s.op_types]
+    [step] = [s for s in plan.steps if s.layer is not None and s.layer.post_ops]
     assert step.op_types[:3] == ("ConvInteger", "Cast", "Mul") and step.op_types[-1] == "QuantizeLinear"
-    assert step.layer.post_ops == (kernels.Silu(),)
-    _, separate = silu_between_two_layers(swap, layer_output_read_elsewhere=True)
-    assert [s for s in compile_model(separate).steps if s.op_types == ("Sigmoid",)]
+    assert step.layer.post_ops == (post_op,)
+    _, separate = activation_between_two_layers(activation, swap, layer_output_read_elsewhere=True)
+    assert not [s for s in compile_model(separate).steps if s.layer is not None and s.layer.post_ops]
     x_values = RNG.uniform(-3, 3, (2, 3, 6, 6)).astype(np.float32)
     ours = plan.run({"x": x_values})["y"]
     np.testing.assert_array_equal(ours, compile_model(separate).run({"x": x_values})["y"])

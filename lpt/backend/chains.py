@@ -1,10 +1,10 @@
 """Reading an int8 graph's fused chains into data (lpt.backend.step), once, for everyone who needs them.
 
     ConvInteger|lpt::ConvTransposeInteger|MatMulInteger → Cast → Mul(m) [→ Add(bias)]
-        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|SiLU|GELU|lpt::FakeQuantize]* [→ QuantizeLinear|lpt::Quantize]
-                                                                                       an Int8Layer
+        [→ Relu|Clip|LeakyRelu|Max|Min|Sigmoid|SiLU|HardSwish|GELU|lpt::FakeQuantize]*
+        [→ QuantizeLinear|lpt::Quantize]                                               an Int8Layer
     (Max and Min with one scalar constant, which are clips; SiLU's Sigmoid and Mul by x, _silu_of;
-    GELU's five ops, read_gelu.)
+    a HardSwish node, or a HardSigmoid and a Mul by x, _hard_swish_of; GELU's five ops, read_gelu.)
     QuantizeLinear, lpt::Quantize with constant parameters                             a Quantization
 
 A chain is followed only through values with a single reader that is not a graph output: what
@@ -21,10 +21,11 @@ from lpt.backend.step import Int8Layer, Quantization
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import read_fake_quantize
 from lpt.graph.ops import attribute
+from lpt.kernels.float_ops import HARD_SWISH_ALPHA, HARD_SWISH_BETA
 from lpt.numerics.levels import level_range
 
 INTEGER_TYPES = (ir.DataType.UINT8, ir.DataType.INT8)
-POST_OPS = ("Relu", "Clip", "LeakyRelu", "Max", "Min", "Sigmoid")
+POST_OPS = ("Relu", "Clip", "LeakyRelu", "Max", "Min", "Sigmoid", "HardSwish")
 _ACCUMULATING = {"ConvInteger": "conv", "MatMulInteger": "matmul", "ConvTransposeInteger": "conv_transpose"}
 
 
@@ -113,7 +114,7 @@ def read_int8_layer(node: ir.Node) -> tuple[Int8Layer, list[ir.Node]] | None:
         if next_op is None:
             next_op, between = _next(last.outputs[0], ("FakeQuantize",), "lpt")
         read = between[-1].outputs[0] if between else last.outputs[0]
-        if next_op is None and (fused := _gelu_of(read) or _silu_of(read)) is not None:
+        if next_op is None and (fused := _gelu_of(read) or _silu_of(read) or _hard_swish_of(read)) is not None:
             post_ops.append(fused[0])
             nodes += between + fused[1]
             last = fused[1][-1]
@@ -161,6 +162,8 @@ def read_post_op(node: ir.Node, value: ir.Value | None = None) -> kernels.PostOp
         return kernels.LeakyRelu(node.attributes["alpha"].as_float() if "alpha" in node.attributes else 0.01)
     if node.op_type == "Sigmoid":
         return kernels.Sigmoid()
+    if node.op_type == "HardSwish":
+        return kernels.HardSwish(float(HARD_SWISH_ALPHA), float(HARD_SWISH_BETA))
     if node.op_type == "Clip":
         low, high = _optional_bound(node, 1, -np.inf), _optional_bound(node, 2, np.inf)
         if low is not None and high is not None:
@@ -209,18 +212,33 @@ def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     return found
 
 
-def _silu_of(value: ir.Value) -> tuple[kernels.Silu, list[ir.Node]] | None:
-    """x·Sigmoid(x) as a post-op (YOLO's and EfficientNet's SiLU): `value` read by a Sigmoid and by the Mul of
-    it and the Sigmoid's output, and by nothing else. Mul commutes, bit for bit: either operand order."""
+def _times_x(value: ir.Value, op_type: str) -> list[ir.Node] | None:
+    """[f, Mul] where `value` x is read by one `op_type` node f and by the float Mul of x and f(x), and by
+    nothing else (x·Sigmoid(x), x·HardSigmoid(x)). Mul commutes, bit for bit: either operand order."""
     readers = list(value.consumers())
-    sigmoid = next((n for n in readers if n.op_type == "Sigmoid" and n.domain in ("", "ai.onnx")), None)
-    if sigmoid is None or len(readers) != 2 or value.is_graph_output():
+    f = next((n for n in readers if n.op_type == op_type and n.domain in ("", "ai.onnx")), None)
+    if f is None or len(readers) != 2 or value.is_graph_output():
         return None
-    multiply = only_consumer(sigmoid.outputs[0], ("Mul",))
+    multiply = only_consumer(f.outputs[0], ("Mul",))
     if multiply is None or multiply not in readers or multiply.outputs[0].dtype != ir.DataType.FLOAT or \
-            {id(v) for v in multiply.inputs} != {id(value), id(sigmoid.outputs[0])}:
+            {id(v) for v in multiply.inputs} != {id(value), id(f.outputs[0])}:
         return None
-    return kernels.Silu(), [sigmoid, multiply]
+    return [f, multiply]
+
+
+def _silu_of(value: ir.Value) -> tuple[kernels.Silu, list[ir.Node]] | None:
+    """x·Sigmoid(x) as a post-op (YOLO's and EfficientNet's SiLU)."""
+    nodes = _times_x(value, "Sigmoid")
+    return (kernels.Silu(), nodes) if nodes else None
+
+
+def _hard_swish_of(value: ir.Value) -> tuple[kernels.HardSwish, list[ir.Node]] | None:
+    """x·HardSigmoid(x) as a post-op (PaddleOCR's hard swish)."""
+    nodes = _times_x(value, "HardSigmoid")
+    if nodes is None:
+        return None
+    alpha, beta = attribute(nodes[0], "alpha", 0.2), attribute(nodes[0], "beta", 0.5)
+    return kernels.HardSwish(float(np.float32(alpha)), float(np.float32(beta))), nodes
 
 
 def _scalar(value: ir.Value | None) -> float | None:

@@ -12,7 +12,7 @@ from lpt.kernels.float_ops import (average_pool, extreme_over_middle_axes, gelu,
 from lpt.kernels.elementwise import add_q, clip_q, concat_q, dequantize_shifted, join_q, mul_q, relu_q
 from lpt.kernels.gemm import exact_chunk, integer_matmul
 from lpt.kernels.matmul import PackedMatMul, matmul_accumulate, matmul_accumulate_packed, pack_matmul_weights
-from lpt.kernels.output_stage import (ELEMENTWISE_POST_OPS, Clip, FakeQuantize, Gelu, LeakyRelu, PostOp, Relu,
+from lpt.kernels.output_stage import (ELEMENTWISE_POST_OPS, Clip, FakeQuantize, Gelu, HardSwish, LeakyRelu, PostOp, Relu,
                                       Sigmoid, Silu, Sum, dequantization_multiplier, output_stage, qlinear_multiplier, qlinear_output)
 from lpt.kernels.pooling import average_pool_q, global_average_pool, global_average_pool_q, max_pool_q, upsample_nearest
 from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantize_fq, quantize_multiplier,
@@ -20,7 +20,7 @@ from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantiz
 from lpt.kernels.window import Window
 
 __all__ = [
-    "ELEMENTWISE_POST_OPS", "Clip", "FakeQuantize", "Gelu", "LeakyRelu", "PackedConv", "PackedMatMul", "PostOp",
+    "ELEMENTWISE_POST_OPS", "Clip", "FakeQuantize", "Gelu", "HardSwish", "LeakyRelu", "PackedConv", "PackedMatMul", "PostOp",
     "Relu", "Sigmoid", "Silu", "Sum", "Window",
     "add_q", "average_pool", "average_pool_q", "clip_q", "concat_q", "conv_accumulate", "conv_transpose_accumulate",
     "conv_transpose_output_shape", "dequantization_multiplier", "dequantize", "dequantize_shifted", "exact_chunk",

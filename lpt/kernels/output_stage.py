@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpt.kernels.float_ops import gelu
+from lpt.kernels.float_ops import gelu, hard_sigmoid
 from lpt.kernels.quantize import broadcast_along, integer_container, quantize, round_to_range
 from lpt.numerics import fake_quantize
 from lpt.numerics.exp import sigmoid
@@ -76,6 +76,19 @@ class Silu:
 
 
 @dataclass(frozen=True)
+class HardSwish:
+    """x = x·min(max(x·alpha + beta, 0), 1) in f32: a HardSigmoid and a Mul by x (PaddleOCR's), or ONNX's
+    HardSwish (alpha = f32(1/6), beta = 1/2), as lpt.kernels.hard_sigmoid and a Mul compute them."""
+
+    alpha: float
+    beta: float
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):  # −inf·0 is NaN, as onnxruntime's
+            return x * hard_sigmoid(x, self.alpha, self.beta)
+
+
+@dataclass(frozen=True)
 class Gelu:
     """x = x·(erf(x / divisor) + one)·half in f32, as lpt.kernels.gelu computes GELU's five ops
     (Div, Erf, Add, Mul, Mul) and the native engine's to the bit."""
@@ -117,9 +130,9 @@ class FakeQuantize:
         return fake_quantize(x, self.input_low, self.input_high, self.output_low, self.output_high, self.levels)
 
 
-PostOp = Relu | Clip | LeakyRelu | Sigmoid | Silu | Gelu | Sum | FakeQuantize
+PostOp = Relu | Clip | LeakyRelu | Sigmoid | Silu | HardSwish | Gelu | Sum | FakeQuantize
 # The post-ops that act on each value alone: lpt's native output stage computes these.
-ELEMENTWISE_POST_OPS = (Relu, Clip, LeakyRelu, Sigmoid, Silu, Gelu)
+ELEMENTWISE_POST_OPS = (Relu, Clip, LeakyRelu, Sigmoid, Silu, HardSwish, Gelu)
 
 
 def dequantization_multiplier(src_scale, weight_scale) -> np.ndarray:

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from lpt.kernels.output_stage import Clip, FakeQuantize, Gelu, LeakyRelu, Relu, Sigmoid, Silu, Sum
+from lpt.kernels.output_stage import Clip, FakeQuantize, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Silu, Sum
 from lpt.numerics import dequantize_linear, fake_quantize, quantize_linear
 from lpt.numerics.exp import erf, sigmoid
 
@@ -78,6 +78,11 @@ def output_stage_reference(acc, multiplier, bias=None, post_ops=(), dst_scale=No
             x = sigmoid(x)
         elif isinstance(op, Silu):
             x = x * sigmoid(x)
+        elif isinstance(op, HardSwish):  # numpy's maximum and minimum: a NaN stays, at a bound the bound
+            h = x * np.float32(op.alpha) + np.float32(op.beta)
+            h = np.where(h <= 0, np.float32(0), h)
+            with np.errstate(invalid="ignore"):
+                x = x * np.where(h >= 1, np.float32(1), h)
         elif isinstance(op, Gelu):
             x = (x * (erf(x / np.float32(op.divisor)) + np.float32(op.one))) * np.float32(op.half)
         elif isinstance(op, Sum):

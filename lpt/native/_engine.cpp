@@ -117,6 +117,14 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
                 for (int64_t c = 0; c < channels; ++c) x[c] = x[c] * lpt_exp::sigmoid(x[c]);
                 continue;
             }
+            if (kind == lpt_s16::HARD_SWISH) {  // slope, low: alpha, beta; the clip as below
+                for (int64_t c = 0; c < channels; ++c) {
+                    float h = x[c] * slope + low;
+                    h = h <= 0.0f ? 0.0f : h;
+                    x[c] = x[c] * (h >= 1.0f ? 1.0f : h);
+                }
+                continue;
+            }
             if (kind == lpt_s16::GELU) {  // slope, low, high: divisor, one, half
                 for (int64_t c = 0; c < channels; ++c) x[c] = (x[c] * (lpt_exp::erf(x[c] / slope) + low)) * high;
                 continue;
@@ -481,8 +489,10 @@ void parse_stage(OutputStage &stage, PyObject *multiplier, PyObject *bias, PyObj
         throw std::invalid_argument("post_ops must be (kind, slope, low, high) quadruples");
     for (size_t k = 0; k < stage.post_ops.size(); k += lpt_s16::POST_OP_FIELDS)
         if (stage.post_ops[k] != lpt_s16::SLOPE_CLIP && stage.post_ops[k] != lpt_s16::SIGMOID &&
-            stage.post_ops[k] != lpt_s16::GELU && stage.post_ops[k] != lpt_s16::SILU)
-            throw std::invalid_argument("a post-op's kind must be 0 (slope and clip), 1 (sigmoid), 2 (gelu) or 3 (silu)");
+            stage.post_ops[k] != lpt_s16::GELU && stage.post_ops[k] != lpt_s16::SILU &&
+            stage.post_ops[k] != lpt_s16::HARD_SWISH)
+            throw std::invalid_argument(
+                    "a post-op's kind must be 0 (slope and clip), 1 (sigmoid), 2 (gelu), 3 (silu) or 4 (hard swish)");
     if ((int64_t)stage.post_ops.size() / lpt_s16::POST_OP_FIELDS > lpt_s16::MAX_POST_OPS)
         throw std::invalid_argument("at most " + std::to_string(lpt_s16::MAX_POST_OPS) + " post-ops");
     const std::string d(dst);

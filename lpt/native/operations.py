@@ -6,7 +6,7 @@ it adds nothing, as ONNX's ConvInteger), then lpt's output stage, in f32 and in 
 (or x itself for an f32 destination), bit-identical to lpt.kernels.output_stage on every route.
 
 What stays on lpt's NumPy/MLAS path raises `Unsupported` at creation, with the reason: a weight
-zero point other than 0, uint8 weights, post-ops other than Relu, Clip, LeakyRelu, Sigmoid, SiLU and GELU, a
+zero point other than 0, uint8 weights, post-ops other than Relu, Clip, LeakyRelu, Sigmoid, SiLU, HardSwish and GELU, a
 per-channel destination scale or zero point, a reduction longer than int32 holds for every input,
 or no native engine / no exact route on this machine.
 """
@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from lpt.kernels.int8_gemm import MAX_REDUCTION
-from lpt.kernels.output_stage import Clip, Gelu, LeakyRelu, Relu, Sigmoid, Silu
+from lpt.kernels.output_stage import Clip, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.quantize import integer_container
 from lpt.kernels.window import Window
 from lpt.native import routes
@@ -279,14 +279,15 @@ def _per_channel(value, channels: int, name: str) -> np.ndarray:
 
 
 MAX_POST_OPS = 8  # lpt/native/s16.h: MAX_POST_OPS
-_SLOPE_CLIP, _SIGMOID, _GELU, _SILU = 0.0, 1.0, 2.0, 3.0  # and its post-op kinds
+_SLOPE_CLIP, _SIGMOID, _GELU, _SILU, _HARD_SWISH = 0.0, 1.0, 2.0, 3.0, 4.0  # and its post-op kinds
 
 
 def _post_ops(post_ops) -> np.ndarray:
     """The post-ops as the engine's (kind, slope, low, high) quadruples (lpt/native/s16.h: PostOp): kind 0 is
     x < 0 ? x·slope : x, then min(max(x, low), high), so Relu is a clip with no upper bound and LeakyRelu a
     slope with no bounds; kind 1 is lpt's Sigmoid (lpt.numerics.exp); kind 2 a GELU, its divisor, one and
-    half in the other three places; kind 3 a SiLU, x·sigmoid(x)."""
+    half in the other three places; kind 3 a SiLU, x·sigmoid(x); kind 4 a HardSwish, its alpha and beta
+    in the places of slope and low."""
     quadruples = []
     for op in post_ops:
         if isinstance(op, Relu):
@@ -301,8 +302,11 @@ def _post_ops(post_ops) -> np.ndarray:
             quadruples.append((_GELU, op.divisor, op.one, op.half))
         elif isinstance(op, Silu):
             quadruples.append((_SILU, 0.0, 0.0, 0.0))
+        elif isinstance(op, HardSwish):
+            quadruples.append((_HARD_SWISH, op.alpha, op.beta, 0.0))
         else:
-            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu, Sigmoid, SiLU and GELU only)")
+            raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu, Sigmoid, SiLU, HardSwish "
+                              "and GELU only)")
     if len(quadruples) > MAX_POST_OPS:
         raise Unsupported(f"{len(quadruples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
     return np.array(quadruples, np.float32).reshape(-1)

@@ -91,7 +91,7 @@ constexpr TileFunction HALF_TILES[HALF_TILE + 1] = {
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
     int64_t count = 0;
-    bool sigmoid[MAX_POST_OPS], silu[MAX_POST_OPS], gelu[MAX_POST_OPS], leaky[MAX_POST_OPS];
+    bool sigmoid[MAX_POST_OPS], silu[MAX_POST_OPS], gelu[MAX_POST_OPS], hard_swish[MAX_POST_OPS], leaky[MAX_POST_OPS];
     __m256 slope[MAX_POST_OPS], low[MAX_POST_OPS], high[MAX_POST_OPS];
 };
 
@@ -103,6 +103,7 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
         v.sigmoid[k] = op[0] == SIGMOID;
         v.silu[k] = op[0] == SILU;
         v.gelu[k] = op[0] == GELU;
+        v.hard_swish[k] = op[0] == HARD_SWISH;
         v.leaky[k] = op[1] != 1.0f;
         v.slope[k] = _mm256_set1_ps(op[1]);
         v.low[k] = _mm256_set1_ps(op[2]);
@@ -135,6 +136,16 @@ __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, cons
             for (int v = 0; v < N; ++v) s[v] = x[v];
             lpt_exp::sigmoid_lanes_n<N>(s);
             for (int v = 0; v < N; ++v) x[v] = _mm256_mul_ps(x[v], s[v]);
+            continue;
+        }
+        if (ops.hard_swish[k]) {  // slope, low: alpha, beta; h <= 0 ? 0 : h, then h >= 1 ? 1 : h, as below
+            const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+            for (int v = 0; v < N; ++v) {
+                __m256 h = _mm256_add_ps(_mm256_mul_ps(x[v], ops.slope[k]), ops.low[k]);
+                h = _mm256_blendv_ps(h, zero, _mm256_cmp_ps(h, zero, _CMP_LE_OQ));
+                h = _mm256_blendv_ps(h, one, _mm256_cmp_ps(h, one, _CMP_GE_OQ));
+                x[v] = _mm256_mul_ps(x[v], h);
+            }
             continue;
         }
         if (ops.gelu[k]) {

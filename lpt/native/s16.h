@@ -75,9 +75,10 @@ constexpr int64_t MAX_POST_OPS = 8;  // a chain has one or two; the vector stage
 // A post-op is four floats (kind, slope, low, high). SLOPE_CLIP: x < 0 ? x·slope : x (a LeakyRelu,
 // where the slope is not 1), then min(max(x, low), high) (Relu, Clip); SIGMOID: lpt's Sigmoid
 // (exp.h), the other three unused; GELU: x·(erf(x / divisor) + one)·half with lpt's erf (exp.h),
-// divisor, one and half in the places of slope, low and high; SILU: x·sigmoid(x), the other three unused.
+// divisor, one and half in the places of slope, low and high; SILU: x·sigmoid(x), the other three unused;
+// HARD_SWISH: x·min(max(x·alpha + beta, 0), 1), alpha and beta in the places of slope and low.
 constexpr int64_t POST_OP_FIELDS = 4;
-constexpr float SLOPE_CLIP = 0.0f, SIGMOID = 1.0f, GELU = 2.0f, SILU = 3.0f;
+constexpr float SLOPE_CLIP = 0.0f, SIGMOID = 1.0f, GELU = 2.0f, SILU = 3.0f, HARD_SWISH = 4.0f;
 
 struct Epilogue {
     enum Type { f32, u8, s8 } type = f32;

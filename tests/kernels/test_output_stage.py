@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpt.kernels import (Clip, FakeQuantize, Gelu, LeakyRelu, Relu, Sigmoid, Sum, conv_accumulate, dequantization_multiplier,
+from lpt.kernels import (Clip, FakeQuantize, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Sum, conv_accumulate, dequantization_multiplier,
                          matmul_accumulate, output_stage, pack_conv, qlinear_multiplier, qlinear_output)
 from lpt.kernels.reference import output_stage_reference
 from tests.kernels.cases import RANGES, zero_points
@@ -28,6 +28,7 @@ def post_op_chain(draw, shape, axis):
         "clip": Clip(draw(st.floats(-3, 0)), draw(st.floats(0, 3))),
         "leaky_relu": LeakyRelu(draw(st.sampled_from([0.01, 0.2, 0.3]))),
         "sigmoid": Sigmoid(),
+        "hard_swish": HardSwish(draw(st.sampled_from([0.2, float(np.float32(1 / 6))])), draw(st.sampled_from([0.5, 0.0]))),
         "gelu": Gelu(1.4142135, 1.0, 0.5),
         "sum": Sum(rng.normal(0, 2, shape).astype(np.float32)),
         "fq": FakeQuantize(low, low + rng.uniform(0.5, 4, channel_shape).astype(np.float32),

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid, Silu
+from lpt.kernels import Clip, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.reference import conv_reference, output_stage_reference
 
@@ -17,6 +17,7 @@ from lpt.kernels.reference import conv_reference, output_stage_reference
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
 
 GELU = Gelu(1.4142135, 1.0, 0.5)  # x·(erf(x / √2) + 1)·0.5, PaddleOCR's
+HARD_SWISH = HardSwish(float(np.float32(0.2)), 0.5)  # x·HardSigmoid(x), PaddleOCR's
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -140,7 +141,7 @@ DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=conv_cases(), destination=st.sampled_from(DESTINATIONS), per_channel=st.booleans(),
        bias=st.booleans(), post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), Clip(0.0, 6.0), LeakyRelu(0.2),
-                                                              Sigmoid(), Silu(), GELU]), max_size=2))
+                                                              Sigmoid(), Silu(), HARD_SWISH, GELU]), max_size=2))
 @settings(max_examples=40, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, destination, per_channel, bias, post_ops):
     src, weights, zero_point, window, rng = case

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
-from lpt.kernels import Clip, Gelu, LeakyRelu, Relu, Sigmoid, Silu
+from lpt.kernels import Clip, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.matmul import matmul_accumulate
 from lpt.kernels.reference import matmul_reference
@@ -61,7 +61,7 @@ def test_a_zero_point_given_at_each_run(route, case, later):
 @pytest.mark.parametrize("route", ROUTES)
 @given(case=matmul_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), Silu(), GELU]), max_size=2))
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), Silu(), HardSwish(float(np.float32(1 / 6)), 0.5), GELU]), max_size=2))
 @settings(max_examples=30, deadline=None)
 def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bias, destination, post_ops):
     src, weights, zero_point, rng = case
@@ -109,7 +109,7 @@ def product_cases(draw):
 
 @given(case=product_cases(), per_column=st.booleans(), bias=st.booleans(),
        destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
-       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), Silu(), GELU]), max_size=2),
+       post_ops=st.lists(st.sampled_from([Relu(), Clip(-0.5, 0.7), LeakyRelu(0.2), Sigmoid(), Silu(), HardSwish(float(np.float32(1 / 6)), 0.5), GELU]), max_size=2),
        threads=st.sampled_from([1, 2]))
 @settings(max_examples=60, deadline=None)
 def test_a_product_of_two_activations_equals_lpts_kernels(case, per_column, bias, destination, post_ops, threads):
