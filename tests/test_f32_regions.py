@@ -509,3 +509,33 @@ def test_a_dynamically_quantized_swish_keeps_onnxruntimes_sigmoid(tmp_path):
     assert [s.backend for s in plan.steps if "Sigmoid" in s.op_types] == ["onnxruntime"]
     x = RNG.uniform(-2, 2, (4, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(plan.run({"x": x})["y"], run_onnxruntime(dynamic, {"x": x})["y"])
+
+
+def test_reshapes_to_shapes_computed_at_run_time_are_lpts_steps():
+    """ddddocr's classifier: Reshape([T, N, C] → [T·N, C]) before a MatMul and back after it, each target a
+    Concat of the input's Shape: numpy's reshapes (an onnxruntime session each before), with the same values,
+    and a target the input cannot take a one-line DataError."""
+    g = Graph()
+    x = g.fq("x", 0.03, np.uint8(128))
+    sizes = g.op("Shape", ["x"])
+    steps_and_batch = g.op("Slice", [sizes, g.const(np.array([0], np.int64)), g.const(np.array([2], np.int64))])
+    flat = g.op("Reshape", [x, g.op("Concat", [g.const(np.array([-1], np.int64)), g.op("Slice", [
+        sizes, g.const(np.array([2], np.int64)), g.const(np.array([3], np.int64))])], axis=0)])
+    y = g.op("MatMul", [flat, g.weight((16, 6), axis=1)])
+    g.op("Reshape", [g.op("Add", [y, g.const(np.linspace(-1, 1, 6).astype(np.float32))]),
+                     g.op("Concat", [steps_and_batch, g.const(np.array([-1], np.int64))], axis=0)], name="out")
+    _, fq_model = g.build({"x": ["T", "N", 16]}, ["out"])
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    reshapes = [s for s in plan.steps if s.op_types == ("Reshape",)]
+    assert len(reshapes) == 2 and all(s.backend != "onnxruntime" for s in reshapes)
+    assert [s.backend for s in plan.steps].count("onnxruntime") == 1  # the shapes' arithmetic
+    x_values = RNG.uniform(-3, 3, (5, 2, 16)).astype(np.float32)
+    ours = plan.run({"x": x_values})["out"]
+    assert ours.shape == (5, 2, 6)
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run({"x": x_values})["out"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, {"x": x_values})["out"], rtol=1e-5, atol=1e-4)
+    step = reshapes[0]
+    with pytest.raises(lpt.DataError, match="cannot take the shape"):
+        step.run(np.zeros((5, 2, 16), np.uint8), np.array([-1, 7], np.int64))

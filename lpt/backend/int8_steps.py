@@ -440,11 +440,12 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
             return None  # the reversed axes: a rank the graph may not say
         return _step(lambda q: [q.transpose(perm)], [x], [node], native=("transpose", tuple(perm)), backend=backend)
     if node.op_type == "Reshape":
-        shape = const_array(node.inputs[1])
-        if shape is None:
-            return None
-        target, allow_zero = tuple(int(d) for d in shape.reshape(-1)), bool(attribute(node, "allowzero", 0))
-        return _step(lambda q: [q.reshape(onnx_reshape_dims(q.shape, target, allow_zero))], [x], [node],
+        shape, allow_zero = const_array(node.inputs[1]), bool(attribute(node, "allowzero", 0))
+        if shape is None:  # computed at run time (ddddocr's before and after its classifier): numpy's alone
+            return _step(lambda q, target: [_reshaped(node, q, target, allow_zero)], [x, node.inputs[1]], [node],
+                         backend=backend)
+        target = tuple(int(d) for d in shape.reshape(-1))
+        return _step(lambda q: [_reshaped(node, q, target, allow_zero)], [x], [node],
                      native=("reshape", (target, allow_zero)), backend=backend)
     axes = attribute(node, "axes")  # before opset 13; an input from it on
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
@@ -481,6 +482,15 @@ def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir
 
     return _step(pad, [node.inputs[0]], [node], native=("pad", (tuple(int(p) for p in pads), float(fill))),
                  backend=backend)
+
+
+def _reshaped(node: ir.Node, q: np.ndarray, target, allow_zero: bool) -> np.ndarray:
+    dims = onnx_reshape_dims(q.shape, tuple(int(d) for d in np.reshape(target, -1)), allow_zero)
+    try:
+        return q.reshape(dims)
+    except ValueError:
+        raise DataError(f"node {node.name!r} (Reshape): an input of shape {q.shape} cannot take the shape "
+                        f"{dims}") from None
 
 
 def onnx_reshape_dims(shape: tuple, target: tuple, allow_zero: bool) -> tuple:
