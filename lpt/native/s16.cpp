@@ -376,22 +376,31 @@ __attribute__((target("avx2"))) void widen_values(const uint8_t *q, int64_t n, b
 }
 }  // namespace
 
+// Positions widened together from a channels-first source: a channel's run of them is one read, and their
+// c2 values each (16 kB for 512 channels) stay in L1 while every channel writes its one. Row by row
+// before, a 512-channel 1-D source of 194 positions (plcmos_v2) took 0.3 ms, on one thread.
+constexpr int64_t CHANNELS_FIRST_CHUNK = 16;
+
 void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
            int64_t images, int64_t h, int64_t w, int16_t *wide, int threads) {
     const int64_t c = g.in_channels, c2 = g.padded_channels();
     const int64_t hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c2;
-    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t) {
-        const int64_t n = t / hp, y = t % hp - g.pad_top;
+    const int64_t chunk = channels_last ? w : CHANNELS_FIRST_CHUNK, chunks = (w + chunk - 1) / chunk;
+    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp * chunks, [=](int64_t task) {
+        const int64_t t = task / chunks, part = task % chunks, n = t / hp, y = t % hp - g.pad_top;
         int16_t *out = wide + t * row;
         if (y < 0 || y >= h) {
-            std::memset(out, 0, row * sizeof(int16_t));
+            if (part == 0) std::memset(out, 0, row * sizeof(int16_t));
             return;
         }
-        std::memset(out, 0, g.pad_left * c2 * sizeof(int16_t));
-        std::memset(out + (g.pad_left + w) * c2, 0, g.pad_right * c2 * sizeof(int16_t));
+        if (part == 0) {
+            std::memset(out, 0, g.pad_left * c2 * sizeof(int16_t));
+            std::memset(out + (g.pad_left + w) * c2, 0, g.pad_right * c2 * sizeof(int16_t));
+        }
         int16_t *interior = out + g.pad_left * c2;
+        const int64_t x0 = part * chunk, x1 = std::min(w, x0 + chunk);
         if (c2 != c)
-            for (int64_t x = 0; x < w; ++x) interior[x * c2 + c] = 0;
+            for (int64_t x = x0; x < x1; ++x) interior[x * c2 + c] = 0;
         if (channels_last) {
             const uint8_t *in = src + (n * h + y) * w * c;
             if (c2 == c)
@@ -401,7 +410,7 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
         } else {
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
-                for (int64_t x = 0; x < w; ++x)
+                for (int64_t x = x0; x < x1; ++x)
                     interior[x * c2 + k] = (int16_t)((signed_src ? (int)(int8_t)in[x] : (int)in[x]) - zero_point);
             }
         }

@@ -181,6 +181,21 @@ def test_a_resnet_layer_with_extreme_values(route):
     assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 128, pads=[1, 1, 1, 1]))
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("shape, kernel, pads", [((2, 7, 50), (3,), (1, 2)), ((1, 33, 3, 37), (3, 3), (1, 0, 1, 2)),
+                                                 ((1, 512, 194), (1,), (0, 0))])
+def test_wide_channels_first_sources(route, dtype, shape, kernel, pads):
+    """A channels-first source is widened sixteen positions at a time (s16): rows of 50 and 37 positions end
+    in a part of one, odd channel counts leave a padding channel, and plcmos_v2's 512-channel 1-D layer."""
+    rng = np.random.default_rng(11)
+    src = rng.integers(np.iinfo(dtype).min, int(np.iinfo(dtype).max) + 1, shape).astype(dtype)
+    weights = rng.integers(-128, 128, (16, shape[1]) + kernel).astype(np.int8)
+    zero_point = 5 if dtype == np.uint8 else -3
+    conv = lpt.native.Conv(weights, pads=pads, src_zero_point=zero_point, route=route, threads=2)
+    assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, zero_point, pads=list(pads)))
+
+
 @pytest.mark.parametrize("route", ["split", "u8s8"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):
