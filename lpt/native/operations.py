@@ -307,6 +307,15 @@ def _post_ops(post_ops) -> np.ndarray:
         else:
             raise Unsupported(f"the post-op {type(op).__name__} (Relu, Clip, LeakyRelu, Sigmoid, SiLU, HardSwish "
                               "and GELU only)")
+    # a LeakyRelu then a clip is one quadruple: the same operations in the same order (s16's one-clip stage)
+    merged = []
+    for quadruple in quadruples:
+        if merged and merged[-1][0] == _SLOPE_CLIP and merged[-1][2:] == (-np.inf, np.inf) and \
+                quadruple[0] == _SLOPE_CLIP and quadruple[1] == 1.0:
+            merged[-1] = (_SLOPE_CLIP, merged[-1][1], quadruple[2], quadruple[3])
+        else:
+            merged.append(quadruple)
+    quadruples = merged
     if len(quadruples) > MAX_POST_OPS:
         raise Unsupported(f"{len(quadruples)} post-ops (the engine's output stage takes {MAX_POST_OPS})")
     return np.array(quadruples, np.float32).reshape(-1)

@@ -208,7 +208,7 @@ def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):
     if channels_last:
         src = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)
     expected = conv_reference(src, weights, 3, strides=[2, 2])
-    for _ in range(25):  # fresh operations: a run after a right one read what it left
+    for _ in range(25):  # fresh operations: the wrong position came at an operation's first run
         conv = lpt.native.Conv(weights, strides=(2, 2), src_zero_point=3, route=route, threads=2)
         assert np.array_equal(conv.accumulate(src), expected)
 
@@ -220,6 +220,28 @@ def test_runs_again_on_another_shape_and_keeps_the_first():
         src = np.arange(3 * length, dtype=np.uint8).reshape(1, 3, length)
         assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 5, strides=[2], pads=[3, 1]))
     assert conv.implementation  # the oneDNN kernel's name, e.g. jit_uni_int8:avx2
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("post_ops", [(LeakyRelu(0.2),), (LeakyRelu(0.2), Clip(-1.5, 4.0)), (LeakyRelu(0.1), Clip(-0.3, np.inf))])
+def test_a_leaky_relu_and_a_clip_after_it_into_int8(route, post_ops):
+    """A LeakyRelu and the clip after it are one post-op of the engine (TensorFlow's LeakyRelu → Max(c), as
+    openWakeWord's embedding model writes it), which s16's one-clip stage computes: lpt's NumPy bits, a
+    full block of sixteen channels and a half one, in both layouts."""
+    rng = np.random.default_rng(12)
+    weights = rng.integers(-128, 128, (24, 6, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (2, 6, 9, 11)).astype(np.uint8)
+    multiplier = rng.uniform(1e-5, 4e-5, 24).astype(np.float32)  # x within about ±3: few levels saturate
+    bias = rng.normal(0, 0.5, 24).astype(np.float32)
+    stage = dict(multiplier=multiplier, bias=bias, post_ops=post_ops, dst_scale=np.float32(0.02),
+                 dst_zero_point=np.int32(3))
+    conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, route=route, threads=2, dst_dtype=np.int8,
+                           **stage)
+    expected = output_stage(conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32), qmin=-128,
+                            qmax=127, **stage)
+    assert np.count_nonzero((expected < 3) & (expected > -128)) > 100  # below 0, not saturated: the slope's
+    assert same_bits(conv(src), expected)
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
 
 
 @pytest.mark.parametrize("route", ROUTES)
