@@ -253,8 +253,9 @@ struct Operation {
     memory::dims strides, dilations, pads_begin, pads_end;  // dilations as oneDNN counts them (d − 1)
     // A 1×1 convolution with a stride: its source is subsampled here (subsample) and the primitive has
     // stride 1. With the stride, oneDNN 3.2's jit_uni_int8_1x1:avx2 (which subsamples into a buffer of
-    // its own) sometimes gives the first output position of an image wrong accumulators, in a varying
-    // number of runs: 8 → 16 channels over 4 × 32 × 32, stride 2, 1 to 13 runs in 40, on 1 or 2 threads.
+    // its own) sometimes gives one output position (all its channels) wrong accumulators, in a varying
+    // number of runs: 8 → 16 or 32 channels over 4 × 32 × 32, stride 2, 1 to 13 runs in 40, on 1 or 2
+    // threads.
     bool subsample = false;
     int src_zero_point = 0;
     OutputStage stage;

@@ -199,8 +199,8 @@ def test_wide_channels_first_sources(route, dtype, shape, kernel, pads):
 @pytest.mark.parametrize("route", ["split", "u8s8"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):
-    """oneDNN 3.2's jit_uni_int8_1x1:avx2 with a stride gave an image's first output position wrong in
-    1 to 13 of 40 fresh runs of this layer; lpt subsamples the source itself and runs it with stride 1.
+    """oneDNN 3.2's jit_uni_int8_1x1:avx2 with a stride gave one output position (an image's first, here)
+    wrong in 1 to 13 of 40 fresh runs of this layer; lpt subsamples the source itself and runs it with stride 1.
     Weights within ±60 keep u8s8's int16 pair sums exact on any CPU."""
     rng = np.random.default_rng(3)
     weights = rng.integers(-60, 61, (32, 8, 1, 1)).astype(np.int8)
