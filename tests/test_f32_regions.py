@@ -405,7 +405,7 @@ def test_a_gelu_read_by_a_quantize_alone_is_the_layers_post_op_with_the_same_bit
 
 def activation_between_two_layers(activation: str, swap: bool, layer_output_read_elsewhere: bool):
     """Conv → an activation → a quantized Conv: Sigmoid → Mul(x, sigmoid(x)) (YOLO's SiLU, as ddddocr's exports
-    write it), HardSigmoid → Mul(x, hard_sigmoid(x)) (PaddleOCR's hard swish), or a HardSwish node."""
+    write it), HardSigmoid → Mul(x, hard_sigmoid(x)) (a hard swish before opset 14), or a HardSwish node."""
     g = Graph()
     x = g.op("Conv", [g.fq("x", 0.03, np.uint8(128)), g.weight((8, 3, 3, 3)), g.const(np.zeros(8, np.float32))],
              pads=[1, 1, 1, 1])

@@ -233,7 +233,7 @@ def _silu_of(value: ir.Value) -> tuple[kernels.Silu, list[ir.Node]] | None:
 
 
 def _hard_swish_of(value: ir.Value) -> tuple[kernels.HardSwish, list[ir.Node]] | None:
-    """x·HardSigmoid(x) as a post-op (PaddleOCR's hard swish)."""
+    """x·HardSigmoid(x) as a post-op (a hard swish as exports before opset 14 write it)."""
     nodes = _times_x(value, "HardSigmoid")
     if nodes is None:
         return None

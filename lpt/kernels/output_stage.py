@@ -77,7 +77,7 @@ class Silu:
 
 @dataclass(frozen=True)
 class HardSwish:
-    """x = x·min(max(x·alpha + beta, 0), 1) in f32: a HardSigmoid and a Mul by x (PaddleOCR's), or ONNX's
+    """x = x·min(max(x·alpha + beta, 0), 1) in f32: a HardSigmoid and a Mul by x (before opset 14), or ONNX's
     HardSwish (alpha = f32(1/6), beta = 1/2), as lpt.kernels.hard_sigmoid and a Mul compute them."""
 
     alpha: float

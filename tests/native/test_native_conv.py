@@ -17,7 +17,7 @@ from lpt.kernels.reference import conv_reference, output_stage_reference
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
 
 GELU = Gelu(1.4142135, 1.0, 0.5)  # x·(erf(x / √2) + 1)·0.5, PaddleOCR's
-HARD_SWISH = HardSwish(float(np.float32(0.2)), 0.5)  # x·HardSigmoid(x), PaddleOCR's
+HARD_SWISH = HardSwish(float(np.float32(0.2)), 0.5)  # x·HardSigmoid(x), its default α and β
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
