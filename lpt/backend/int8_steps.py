@@ -442,8 +442,8 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
     if node.op_type == "Reshape":
         shape, allow_zero = const_array(node.inputs[1]), bool(attribute(node, "allowzero", 0))
         if shape is None:  # computed at run time (ddddocr's before and after its classifier): numpy's alone
-            return _step(lambda q, target: [_reshaped(node, q, target, allow_zero)], [x, node.inputs[1]], [node],
-                         backend=backend)
+            return _step(lambda q, target: [_reshaped(node, q, tuple(int(d) for d in target.reshape(-1)), allow_zero)],
+                         [x, node.inputs[1]], [node], backend=backend)
         target = tuple(int(d) for d in shape.reshape(-1))
         return _step(lambda q: [_reshaped(node, q, target, allow_zero)], [x], [node],
                      native=("reshape", (target, allow_zero)), backend=backend)
@@ -484,8 +484,8 @@ def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir
                  backend=backend)
 
 
-def _reshaped(node: ir.Node, q: np.ndarray, target, allow_zero: bool) -> np.ndarray:
-    dims = onnx_reshape_dims(q.shape, tuple(int(d) for d in np.reshape(target, -1)), allow_zero)
+def _reshaped(node: ir.Node, q: np.ndarray, target: tuple, allow_zero: bool) -> np.ndarray:
+    dims = onnx_reshape_dims(q.shape, target, allow_zero)
     try:
         return q.reshape(dims)
     except ValueError:
