@@ -539,3 +539,73 @@ def test_reshapes_to_shapes_computed_at_run_time_are_lpts_steps():
     step = reshapes[0]
     with pytest.raises(lpt.DataError, match="cannot take the shape"):
         step.run(np.zeros((5, 2, 16), np.uint8), np.array([-1, 7], np.int64))
+
+
+def jax2tf_convolution() -> tuple[Graph, str]:
+    """magika's middle, as jax2tf writes it: [N, T, C] quantized, Unsqueeze to [N, T, C, 1], a Slice of
+    every value, Transpose to [N, C, T, 1], a 5×1 convolution, a Slice of every value and a Squeeze to
+    [N, C', T'], the bias Add (its output's name returned too), GELU's tanh approximation in nine ops,
+    GlobalMaxPool, Squeeze."""
+    g = Graph()
+    x = g.op("Unsqueeze", [g.fq("x", 0.03, np.uint8(128)), g.const(np.int64([3]))])
+    whole = g.op("Slice", [x, g.const(np.int64([0, 0, 0, 0])), g.const(np.int64([10**9] * 4)),
+                           g.const(np.int64([0, 2, 1, 3])), g.const(np.int64([1, 1, 1, 1]))])
+    conv = g.op("Conv", [g.op("Transpose", [whole], perm=[0, 2, 1, 3]), g.weight((12, 16, 5, 1))])
+    cut = g.op("Slice", [conv, g.const(np.int64([0, 0, 0, 0])), g.const(np.int64([2**31 - 1] * 3 + [1])),
+                         g.const(np.int64([0, 1, 2, 3]))])
+    v = g.op("Add", [g.op("Squeeze", [cut, g.const(np.int64([3]))]),
+                     g.const(np.linspace(-1, 1, 12).astype(np.float32).reshape(1, 12, 1))])
+    cubed = g.op("Mul", [v, g.op("Mul", [v, g.op("Mul", [g.const(np.float32(0.044715)), v])])])
+    inner = g.op("Mul", [g.const(np.float32(0.7978846)), g.op("Add", [v, cubed])])
+    shifted = g.op("Add", [g.const(np.ones((1, 1, 1), np.float32)), g.op("Tanh", [inner])])
+    gelu = g.op("Mul", [v, g.op("Mul", [g.const(np.float32(0.5)), shifted])])
+    g.op("Squeeze", [g.op("GlobalMaxPool", [gelu]), g.const(np.int64([2]))], name="y")
+    return g, v
+
+
+def test_a_jax2tf_convolution_tail_is_lpts_with_the_bits_of_its_ops():
+    """magika's middle in one native program that keeps running natively (two images: the bias broadcast
+    over both): the Slices, Transpose and Squeezes lpt's layout steps, the nine GELU ops one step with the bits
+    of the nine one by one (lpt's tanh), the global max lpt's; onnxruntime's values within its tanh's."""
+    import lpt.native
+    from lpt.numerics.exp import tanh
+
+    g, v_name = jax2tf_convolution()
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": ["N", 30, 16]})
+    [gelu] = [s for s in plan.steps if "Tanh" in s.op_types]
+    assert gelu.op_types == ("Mul", "Mul", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul")
+    assert {s.native[0] for s in plan.steps if s.op_types in (("Slice",), ("GlobalMaxPool",))} == {"slice", "global_max"}
+    x = RNG.uniform(-3, 3, (2, 30, 16)).astype(np.float32)
+    ours = run_against_numpy_and_onnxruntime(fq_model, int8, plan, x, rtol=1e-5, atol=1e-5)
+    v = compile_model(int8, native=False).run({"x": x}, keep=True)[v_name]
+    cube, root, one, half = np.float32(0.044715), np.float32(0.7978846), np.float32(1), np.float32(0.5)
+    one_by_one = v * (half * (one + tanh(root * (v + v * (v * (cube * v))))))
+    np.testing.assert_array_equal(ours, one_by_one.max(axis=2))
+    if lpt.native.available():
+        [program] = plan.run_steps
+        assert program.run.native, "the program gave way to its steps"
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([1], [-1], [2], None),  # the last axis, from its second value to before its last
+    ([-100, 7], [100, -100], [1, -1], [2, -3]),  # past both ends, negative steps and axes
+    ([2**63 - 1], [-2**63], [2], [-1]),  # the whole axis reversed, as INT64's bounds write it
+    ([0, 0], [0, 2**31 - 1], [1, 2], [1, 1]),  # nothing of axis 1
+])
+def test_slices_of_float_and_8_bit_values_are_lpts_steps_with_onnxruntimes_values(starts, ends, axes, steps):
+    """A Slice of a layer's float32 output and one of 8-bit values before a convolution (basic_pitch's
+    harmonic stacking): ONNX's clamped ranges, lpt's steps in the native program, onnxruntime's values."""
+    import lpt.native
+
+    g = Graph()
+    sliced = g.op("Slice", [g.fq("x", 0.02, np.uint8(128)), g.const(np.int64([1])), g.const(np.int64([2**62])),
+                            g.const(np.int64([3])), g.const(np.int64([2]))])  # [N, 3, 8, 9] → every other column
+    conv = g.op("Conv", [sliced, g.weight((6, 3, 1, 3)), g.const(np.ones(6, np.float32))])  # [N, 6, 8, 2]
+    parameters = [g.const(np.int64(v)) for v in (starts, ends, axes)] + ([g.const(np.int64(steps))] if steps else [])
+    g.op("Slice", [conv, *parameters], name="y")
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": [2, 3, 8, 9]})
+    x = RNG.uniform(-2, 2, (2, 3, 8, 9)).astype(np.float32)
+    run_against_numpy_and_onnxruntime(fq_model, int8, plan, x, rtol=1e-6, atol=1e-5)
+    if lpt.native.available():
+        [program] = plan.run_steps
+        assert program.run.native, "the program gave way to its steps"

@@ -202,6 +202,38 @@ def read_gelu(div: ir.Node) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     return kernels.Gelu(divisor, one, half), chain
 
 
+def read_tanh_gelu(cube: ir.Node) -> tuple[tuple[float, float, float, float], ir.Value, list[ir.Node]] | None:
+    """Mul(c, x) → Mul(x) → Mul(x) → Add(x) → Mul(r) → Tanh → Add(1) → Mul(0.5) → Mul(x), GELU's tanh
+    approximation as jax2tf writes it, with the same float32 operations in the same order as
+    kernels.tanh_gelu (a Mul's or an Add's operands in either order): (c, r, 1, 0.5), x and the nine
+    nodes, or None for any other shape of it. Its constants have no more axes than x: the result has x's shape."""
+    if cube.op_type != "Mul" or len(cube.inputs) != 2:
+        return None
+    x, factor = (cube.inputs[1], cube.inputs[0]) if _scalar(cube.inputs[0]) is not None else cube.inputs
+    chain = [cube]
+    for op_type in ("Mul", "Mul", "Add"):  # x·(c·x), x·(x·(c·x)), x + x·(x·(c·x))
+        node = only_consumer(chain[-1].outputs[0], (op_type,))
+        if node is None or {id(v) for v in node.inputs} != {id(x), id(chain[-1].outputs[0])}:
+            return None
+        chain.append(node)
+    constants = [factor]
+    for op_type in ("Mul", "Tanh", "Add", "Mul"):  # ·r, tanh, 1 +, ·0.5
+        node = only_consumer(chain[-1].outputs[0], (op_type,))
+        if node is None:
+            return None
+        if op_type != "Tanh":
+            constants.append(node.inputs[1] if node.inputs[0] is chain[-1].outputs[0] else node.inputs[0])
+        chain.append(node)
+    last = only_consumer(chain[-1].outputs[0], ("Mul",))
+    if last is None or {id(v) for v in last.inputs} != {id(x), id(chain[-1].outputs[0])} or \
+            last.outputs[0].dtype != ir.DataType.FLOAT or x.shape is None:
+        return None
+    values = [_scalar(c) for c in constants]
+    if any(v is None for v in values) or any(len(c.shape or ()) > len(x.shape) for c in constants):
+        return None
+    return tuple(values), x, chain + [last]
+
+
 def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     """The GELU of `value` as a post-op: its Div and its Mul by x read `value`, and nothing else does."""
     readers = list(value.consumers())

@@ -9,7 +9,7 @@ the same bits:
 
     Identity (any type)          the same array                   "identity" (a view)
     Reshape, Transpose,          numpy's                          "reshape", "transpose", "squeeze",
-      Squeeze, Unsqueeze                                            "unsqueeze" (int8_steps.layout_step)
+      Squeeze, Unsqueeze, Slice                                     "unsqueeze", "slice" (int8_steps.layout_step)
     BatchNormalization           x·a[c] + b[c]                    "affine"
     Sigmoid                      lpt.numerics.exp.sigmoid         "sigmoid"
     Tanh                         lpt.numerics.exp.tanh            "tanh"
@@ -20,6 +20,8 @@ the same bits:
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
     Div, Erf, Add, Mul, Mul      kernels.gelu                     "gelu" (x·(erf(x / d) + 1)·0.5 in one pass)
+    Mul, Mul, Mul, Add, Mul,     kernels.tanh_gelu                "tanh_gelu" (jax2tf's tanh GELU in one pass)
+      Tanh, Add, Mul, Mul
     Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists;
                                                                     none where a shape is not known)
     Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
@@ -30,6 +32,7 @@ the same bits:
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
     ReduceMax, ReduceMin         kernels.extreme_over_middle_axes "extreme_middle" (keepdims, smallest)
       (the middle axes: [N, *positions, C], a channels-last global max pool)
+    GlobalMaxPool                kernels.extreme_over_middle_axes "global_max" (of [N, C, *spatial])
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
@@ -50,7 +53,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import read_gelu, read_post_op
+from lpt.backend.chains import read_gelu, read_post_op, read_tanh_gelu
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -138,6 +141,10 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _average_pool(node)
     if node.op_type == "Div" and own_results and (fused := _gelu(node)) is not None:  # its Erf is lpt's own
         return fused
+    if node.op_type == "Mul" and own_results and (found := read_tanh_gelu(node)) is not None:  # its Tanh too
+        (cube, root, one, half), source, chain = found
+        return _step(lambda a: [kernels.tanh_gelu(a, cube, root, one, half)], [source], chain,
+                     native=("tanh_gelu", (cube, root, one, half)), backend=BACKEND)
     if node.op_type in _BINARY and len(node.inputs) == 2:
         operation, name = _BINARY[node.op_type]
         # the engine's broadcasts; where a shape is not known (after a Squeeze of every 1, say), numpy's
@@ -153,7 +160,17 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _reduce_mean(node)
     if node.op_type in ("ReduceMax", "ReduceMin"):
         return _reduce_extreme(node)
+    if node.op_type == "GlobalMaxPool" and x.shape is not None and len(x.shape) >= 3:
+        return _float_step(lambda a: [_global_max_pool(a)], [x], node, ("global_max", None))
     return None
+
+
+def _global_max_pool(x: np.ndarray) -> np.ndarray:
+    """GlobalMaxPool of float32 [N, C, *spatial]: each channel's extreme over its positions, by the fold
+    kernels.extreme_over_middle_axes settles (which of equal values and of NaNs)."""
+    x = np.asarray(x, dtype=np.float32)
+    extreme = kernels.extreme_over_middle_axes(np.moveaxis(x.reshape(x.shape[:2] + (-1,)), 1, -1), keepdims=False)
+    return extreme.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
 
 
 def _gelu(div: ir.Node) -> tuple | None:

@@ -427,13 +427,15 @@ def _max_pool_instruction(window: kernels.Window) -> tuple | None:
     return ("max_pool", (window.kernel, window.strides, window.dilations, window.pads))
 
 
-LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze")
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice")
 
 
 def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
-    """Reshape, Transpose, Squeeze or Unsqueeze of a tensor of any type, with constant parameters: a view or
-    a copy of its values, as numpy's, and an instruction of lpt.native's programs."""
+    """Reshape, Transpose, Squeeze, Unsqueeze or Slice of a tensor of any type, with constant parameters: a
+    view or a copy of its values, as numpy's, and an instruction of lpt.native's programs."""
     x = node.inputs[0]
+    if node.op_type == "Slice":
+        return slice_step(node, backend)
     if node.op_type == "Transpose":
         perm = attribute(node, "perm")
         if perm is None:
@@ -458,6 +460,50 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
     if node.op_type == "Squeeze":  # without axes (or with none): every axis of 1, as onnxruntime's
         return _step(lambda q: [np.squeeze(q, axis=axes or None)], [x], [node], native=("squeeze", axes), backend=backend)
     return _step(lambda q: [np.expand_dims(q, axes)], [x], [node], native=("unsqueeze", axes), backend=backend)
+
+
+def slice_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
+    """A Slice whose starts, ends, axes and steps are constants (attributes before opset 10): numpy's basic
+    slicing of the ranges ONNX's clamping gives (slice_range), and the native engine's copy of them, a
+    view where it takes every value (magika's jax2tf Slices before and after its convolution)."""
+    if attribute(node, "starts") is not None:
+        values = [attribute(node, "starts"), attribute(node, "ends"), attribute(node, "axes"), None]
+    else:
+        given = list(node.inputs[1:5]) + [None] * (5 - len(node.inputs))
+        values = [None if v is None else const_array(v) for v in given]
+        if any(value is None and v is not None for value, v in zip(values, given)):
+            return None  # computed at run time: onnxruntime's
+    if values[0] is None or values[1] is None:
+        return None
+    starts, ends = ([int(v) for v in np.reshape(value, -1)] for value in values[:2])
+    axes = list(range(len(starts))) if values[2] is None else [int(v) for v in np.reshape(values[2], -1)]
+    steps = [1] * len(starts) if values[3] is None else [int(v) for v in np.reshape(values[3], -1)]
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s == 0 or abs(s) >= 2 ** 62 for s in steps):
+        return None  # not a Slice onnxruntime runs either: its error says why
+
+    def cut(q):
+        q = np.asarray(q)
+        index = [slice(None)] * q.ndim
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            if not -q.ndim <= axis < q.ndim:
+                raise DataError(f"node {node.name!r} (Slice): axis {axis} of an input of rank {q.ndim}")
+            first, count = slice_range(q.shape[axis], start, end, step)
+            last = first + count * step
+            index[axis] = slice(first, last if last >= 0 else None, step) if count else slice(0, 0)
+        return [q[tuple(index)]]
+
+    return _step(cut, [node.inputs[0]], [node], native=("slice", (starts, ends, axes, steps)), backend=backend)
+
+
+def slice_range(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """Where ONNX's Slice starts on an axis of `dim` values, and how many it takes: a negative start or end
+    counts from the end, and both are clamped to the axis ([0, dim] stepping forward, [−1, dim − 1] back)."""
+    start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        return start, max(0, -(-(end - start) // step))
+    start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return start, max(0, -(-(start - end) // -step))
 
 
 def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:

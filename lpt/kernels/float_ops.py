@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpt.numerics.exp import erf, exp
+from lpt.numerics.exp import erf, exp, tanh
 
 HARD_SWISH_ALPHA, HARD_SWISH_BETA = np.float32(1 / 6), np.float32(0.5)
 
@@ -47,6 +47,16 @@ def gelu(x, divisor, one, half) -> np.ndarray:
     PyTorch's exporters write it (Div, Erf, Add, Mul, Mul), so the same bits as those five ops."""
     x = np.asarray(x, dtype=np.float32)
     return (x * (erf(x / np.float32(divisor)) + np.float32(one))) * np.float32(half)
+
+
+def tanh_gelu(x, cube, root, one, half) -> np.ndarray:
+    """x·((one + tanh((x + x·(x·(cube·x)))·root))·half), in that order of float32 operations: GELU's tanh
+    approximation as jax2tf writes it (Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul), so the bits of those
+    nine ops with lpt's tanh."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # x³ may overflow, and −inf·0 is NaN, as onnxruntime's
+        inner = (x + x * (x * (np.float32(cube) * x))) * np.float32(root)
+        return x * ((np.float32(one) + tanh(inner)) * np.float32(half))
 
 
 def relu(x) -> np.ndarray:

@@ -1059,10 +1059,11 @@ enum class Code {
     quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,
     resize_nearest,  // values of any type
     // and the float32 ops:
-    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, sqrt, affine,
+    identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, tanh_gelu,
+    sqrt, affine,
     binary,
-    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, extreme_middle, gather,
-    pad,  // values of any type
+    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
+    pad, slice,  // values of any type
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
@@ -1082,9 +1083,11 @@ struct Instruction {
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0; gelu: divisor, one
     float low = 0, high = 0;              // clip
+    float cube = 0, root = 0, one = 0, half = 0;  // tanh_gelu
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
     int64_t axis = 1;  // flatten
+    bool into_convolutions = false;  // transpose: only convolutions read it (mark_transposes_into_convolutions)
     // reshape: ONNX's target (0: the input's dimension unless allow_zero, −1: inferred); transpose: perm;
     // (un)squeeze: axes; gather: the table's shape
     std::vector<int64_t> shape;
@@ -1309,6 +1312,43 @@ const void *channels_first(const Slot &a, Program &program) {
     return order;
 }
 
+// Whether `a`, transposed by `perm`, is its own values lying channels-last: `a` lies channels-first,
+// and the axes of the result's channels-last order ([N, *spatial, C]) are a's in order, but for a's
+// axes of one value, which may go anywhere.
+bool lies_channels_last(const Slot &a, const std::vector<int64_t> &perm) {
+    const size_t rank = perm.size();
+    if (a.transposed() || rank < 3) return false;
+    std::vector<int64_t> order{perm[0]};
+    for (size_t i = 2; i < rank; ++i) order.push_back(perm[i]);
+    order.push_back(perm[1]);
+    int64_t last = -1;
+    for (int64_t axis : order) {
+        if (a.dims[axis] == 1) continue;
+        if (axis < last) return false;
+        last = axis;
+    }
+    return true;
+}
+
+// Where ONNX's Slice starts on an axis of `dim` values and how many it takes: a negative start or end
+// counts from the end, and both are clamped to the axis ([0, dim] stepping forward, [−1, dim − 1] back).
+struct SliceRange {
+    int64_t first, count;
+};
+SliceRange slice_range(int64_t dim, int64_t start, int64_t end, int64_t step) {
+    if (dim == 0) return {0, 0};
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    if (step > 0) {
+        start = std::clamp<int64_t>(start, 0, dim);
+        end = std::clamp<int64_t>(end, 0, dim);
+        return {start, end > start ? (end - start + step - 1) / step : 0};
+    }
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+    return {start, start > end ? (start - end - step - 1) / -step : 0};
+}
+
 // Whether `small` broadcasts onto `big` by repeating whole: its dimensions big's last ones, after 1s.
 bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big) {
     if (small.size() > big.size()) return false;
@@ -1441,18 +1481,17 @@ void step(Program &program, const Instruction &ins) {
         case Code::squeeze:
         case Code::unsqueeze: {  // ins.shape: the axes, ONNX's (negative ones from the end of the output's rank);
                                  // a squeeze of none: every axis of 1, as ONNX's without axes
-            std::vector<int64_t> dims = a.dims;
+            std::vector<int64_t> dims = a.dims, axes;
             if (ins.code == Code::squeeze && ins.shape.empty()) {
-                dims.erase(std::remove(dims.begin(), dims.end(), 1), dims.end());
-                view_as(out, a, dims, program.threads);
-                break;
+                for (size_t i = 0; i < dims.size(); ++i)
+                    if (dims[i] == 1) axes.push_back((int64_t)i);
+            } else {
+                const int64_t rank = (int64_t)dims.size() + (ins.code == Code::unsqueeze ? (int64_t)ins.shape.size() : 0);
+                for (auto axis : ins.shape) axes.push_back(axis < 0 ? axis + rank : axis);
+                std::sort(axes.begin(), axes.end());
+                if (std::adjacent_find(axes.begin(), axes.end()) != axes.end() || (!axes.empty() && (axes[0] < 0 || axes.back() >= rank)))
+                    throw Unsupported("a squeeze or unsqueeze axis outside the rank");
             }
-            const int64_t rank = (int64_t)dims.size() + (ins.code == Code::unsqueeze ? (int64_t)ins.shape.size() : 0);
-            std::vector<int64_t> axes;
-            for (auto axis : ins.shape) axes.push_back(axis < 0 ? axis + rank : axis);
-            std::sort(axes.begin(), axes.end());
-            if (std::adjacent_find(axes.begin(), axes.end()) != axes.end() || (!axes.empty() && (axes[0] < 0 || axes.back() >= rank)))
-                throw Unsupported("a squeeze or unsqueeze axis outside the rank");
             if (ins.code == Code::unsqueeze) {
                 for (auto axis : axes) dims.insert(dims.begin() + axis, 1);
             } else {
@@ -1460,6 +1499,15 @@ void step(Program &program, const Instruction &ins) {
                     if (dims[*it] != 1) throw Unsupported("a squeeze of an axis longer than 1");
                     dims.erase(dims.begin() + *it);
                 }
+            }
+            if (a.transposed() && (axes.empty() || axes[0] >= 2)) {
+                // positions of one value, after the channels: the channels-last order is the same (magika's
+                // convolution [N, C, T, 1] squeezed to [N, C, T]: copied channels-first, it cost 0.3 ms)
+                out.type = a.type;
+                out.data = a.data;
+                out.channels_last = true;
+                out.dims = std::move(dims);
+                break;
             }
             view_as(out, a, dims, program.threads);
             break;
@@ -1482,6 +1530,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::hard_sigmoid:
         case Code::sqrt:
         case Code::gelu:
+        case Code::tanh_gelu:
         case Code::erf: {  // elementwise: either layout
             if (a.type != 'f') throw Unsupported("a float32 elementwise op of integers");
             out.dims = a.dims;
@@ -1490,6 +1539,8 @@ void step(Program &program, const Instruction &ins) {
             float *o = static_cast<float *>(out.allocate('f', a.count()));
             if (ins.code == Code::erf) lpt_ops::erf(in, a.count(), o, program.threads);
             else if (ins.code == Code::gelu) lpt_ops::gelu(in, a.count(), ins.alpha, ins.offset, ins.scale, o, program.threads);
+            else if (ins.code == Code::tanh_gelu)
+                lpt_ops::tanh_gelu(in, a.count(), ins.cube, ins.root, ins.one, ins.half, o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
             else if (ins.code == Code::clip) lpt_ops::slope_and_clip(in, a.count(), ins.alpha, ins.low, ins.high, o, program.threads);
@@ -1540,11 +1591,18 @@ void step(Program &program, const Instruction &ins) {
                 const int64_t times = big.count() / small.count();
                 for (int64_t t = 0; t < times; ++t) binary(values, t * small.count(), 1, 0, small.count(), false);
             } else {
-                // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial]: a squeeze-excite's scale
-                if (big.dims.size() < 3 || small.dims.size() != big.dims.size() || small.dims[0] != big.dims[0] ||
-                    small.dims[1] != big.dims[1] || small.positions() != 1)
+                // one value per image and channel, [N, C, 1, ...], over [N, C, *spatial] (a squeeze-excite's
+                // scale), or per channel, [1, C, 1, ...], for every image (a bias after the layer's views)
+                if (big.dims.size() < 3 || small.dims.size() != big.dims.size() ||
+                    (small.dims[0] != big.dims[0] && small.dims[0] != 1) || small.dims[1] != big.dims[1] ||
+                    small.positions() != 1)
                     throw Unsupported("a binary op that broadcasts other than one value, or one per channel");
-                binary(values, 0, big.dims[0], big.dims[1], big.positions(), big.transposed());
+                const int64_t images = big.dims[0], channels = big.dims[1], positions = big.positions();
+                if (small.dims[0] == images)
+                    binary(values, 0, images, channels, positions, big.transposed());
+                else
+                    for (int64_t n = 0; n < images; ++n)
+                        binary(values, n * channels * positions, 1, channels, positions, big.transposed());
             }
             break;
         }
@@ -1640,6 +1698,17 @@ void step(Program &program, const Instruction &ins) {
                 out.data = a.data;  // the slot it reads lives as long as this one (plan_memory)
                 break;
             }
+            if (ins.into_convolutions && lies_channels_last(a, ins.shape)) {
+                // channels-first values whose channels-last order, transposed, is the order they lie in
+                // (a jax2tf [N, T, C, 1] to the [N, C, T, 1] a convolution reads): a view, which the
+                // convolution reads channels-last. magika's copy cost 0.2 ms.
+                out.dims.assign(rank, 0);
+                for (size_t i = 0; i < rank; ++i) out.dims[i] = a.dims[ins.shape[i]];
+                out.type = a.type;
+                out.data = a.data;
+                out.channels_last = true;
+                break;
+            }
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
             std::vector<int64_t> in_strides(rank, 1), step(rank);  // input elements per step of each output axis
             for (size_t i = rank; i-- > 1;) in_strides[i - 1] = in_strides[i] * a.dims[i];
@@ -1690,6 +1759,20 @@ void step(Program &program, const Instruction &ins) {
                                        static_cast<float *>(out.allocate('f', out.count())), program.threads);
             break;
         }
+        case Code::global_max: {  // [N, C, *spatial] → [N, C, 1, …]: each channel's maximum over its positions
+            if (a.type != 'f' || a.dims.size() < 3) throw Unsupported("a global max pool of other than float32 [N, C, *spatial]");
+            const float *lying = static_cast<const float *>(a.data);  // channels-last, as the fold reads them
+            if (!a.transposed() && a.dims[1] > 1) {
+                float *order = reinterpret_cast<float *>(program.scratch.get(a.count() * sizeof(float)));
+                a.channels_last_into(order, program.threads);
+                lying = order;
+            }
+            out.dims = a.dims;
+            std::fill(out.dims.begin() + 2, out.dims.end(), 1);
+            lpt_ops::extreme_of_positions(lying, a.dims[0], a.positions(), a.dims[1], false,
+                                          static_cast<float *>(out.allocate('f', out.count())));
+            break;
+        }
         case Code::extreme_middle: {  // [N, *middle, C] → [N, C] or [N, 1, …, 1, C]: each channel over the middle positions
             if (a.type != 'f' || a.dims.size() < 3 || a.transposed())
                 throw Unsupported("a max or min over the middle axes of other than float32 [N, *middle, C]");
@@ -1701,6 +1784,38 @@ void step(Program &program, const Instruction &ins) {
             out.dims.back() = channels;
             lpt_ops::extreme_of_positions(static_cast<const float *>(a.data), images, middle, channels, ins.smallest,
                                           static_cast<float *>(out.allocate('f', images * channels)));
+            break;
+        }
+        case Code::slice: {  // ins.shape: starts, ends, axes and steps, one quarter each, as ONNX's Slice
+            const int64_t rank = (int64_t)a.dims.size(), n = (int64_t)ins.shape.size() / 4;
+            if (a.type != 'f' && !a.eight_bit()) throw Unsupported("a slice of other than float32 or 8-bit values");
+            std::vector<int64_t> first(rank, 0), step(rank, 1);
+            out.dims = a.dims;
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t axis = ins.shape[2 * n + i] < 0 ? ins.shape[2 * n + i] + rank : ins.shape[2 * n + i];
+                if (axis < 0 || axis >= rank) throw Unsupported("a slice's axis past the input's rank");
+                const SliceRange range = slice_range(a.dims[axis], ins.shape[i], ins.shape[n + i], ins.shape[3 * n + i]);
+                first[axis] = range.first;
+                step[axis] = ins.shape[3 * n + i];
+                out.dims[axis] = range.count;
+            }
+            if (out.dims == a.dims && std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; })) {
+                out.type = a.type;  // every value, in order (magika's after its convolution): a view
+                out.data = a.data;
+                out.channels_last = a.channels_last;
+                break;
+            }
+            const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
+            std::vector<int64_t> stride(rank, 1);  // input elements per step of each output axis
+            for (int64_t i = rank - 1; i > 0; --i) stride[i - 1] = stride[i] * a.dims[i];
+            int64_t offset = 0;
+            for (int64_t i = 0; i < rank; ++i) {
+                offset += first[i] * stride[i];
+                stride[i] *= step[i];
+            }
+            unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, out.count()));
+            if (rank == 0) std::memcpy(o, in, a.item());
+            else if (out.count()) lpt_ops::permute(in + offset * a.item(), a.item(), out.dims.data(), stride.data(), (int)rank, o);
             break;
         }
         case Code::pad: {  // a copy of the values (channels-first) inside a border of ins.fill
@@ -1778,6 +1893,19 @@ void fold_quantizes(Program &program) {
     }
 }
 
+// Transposes whose output only convolutions read, which read either layout: such a transpose may leave
+// its values where they lie, channels-last (other instructions would take them channels-first, or not
+// at all: a per-row broadcast).
+void mark_transposes_into_convolutions(Program &program) {
+    std::vector<bool> other_reader(program.slots.size(), false);
+    for (const Instruction &ins : program.code)
+        for (int slot : ins.in)
+            if (ins.code != Code::layer || ins.operation->kind != Kind::conv) other_reader[slot] = true;
+    for (int slot : program.outputs) other_reader[slot] = true;
+    for (Instruction &ins : program.code)
+        if (ins.code == Code::transpose) ins.into_convolutions = !other_reader[ins.out];
+}
+
 // Program::last_use, and each slot's pool.
 void plan_memory(Program &program) {
     const size_t end = program.code.size();
@@ -1788,7 +1916,8 @@ void plan_memory(Program &program) {
     for (size_t i = end; i-- > 0;) {  // a view's source lives as long as the view (later views first)
         const Instruction &ins = program.code[i];
         const bool view = ins.code == Code::flatten || ins.code == Code::reshape || ins.code == Code::squeeze ||
-                          ins.code == Code::unsqueeze || ins.code == Code::identity || ins.code == Code::transpose;
+                          ins.code == Code::unsqueeze || ins.code == Code::identity || ins.code == Code::transpose ||
+                          ins.code == Code::slice;
         if (view) program.last_use[ins.in[0]] = std::max(program.last_use[ins.in[0]], program.last_use[ins.out]);
     }
     for (auto &slot : program.slots) slot.pool = &program.pool;
@@ -1798,7 +1927,7 @@ void plan_memory(Program &program) {
 const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
     {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"concat", Code::concat},
-    {"softmax", Code::softmax}};
+    {"softmax", Code::softmax}, {"global_max", Code::global_max}};
 
 PyObject *py_program(PyObject *, PyObject *args) {
     PyObject *code_o, *inputs_o, *outputs_o;
@@ -1905,6 +2034,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             } else if (k == "gelu") {  // (divisor, one, half)
                 ins.code = Code::gelu;
                 parsed = PyArg_ParseTuple(extra, "fff", &ins.alpha, &ins.offset, &ins.scale);
+            } else if (k == "tanh_gelu") {  // (cube, root, one, half)
+                ins.code = Code::tanh_gelu;
+                parsed = PyArg_ParseTuple(extra, "ffff", &ins.cube, &ins.root, &ins.one, &ins.half);
             } else if (k == "mean_last_axis" || k == "mean_axis_1") {  // keepdims
                 int keepdims;
                 ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;
@@ -1937,6 +2069,20 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 parsed = PyArg_ParseTuple(extra, "Op", &target, &allow_zero);
                 if (parsed) ins.shape = int_sequence(target, "reshape's shape");
                 ins.allow_zero = parsed && allow_zero;
+            } else if (k == "slice") {  // (starts, ends, axes, steps)
+                PyObject *starts, *ends, *axes, *steps;
+                ins.code = Code::slice;
+                parsed = PyArg_ParseTuple(extra, "OOOO", &starts, &ends, &axes, &steps);
+                if (parsed) {
+                    const size_t n = int_sequence(starts, "slice's starts").size();
+                    for (PyObject *part : {starts, ends, axes, steps}) {
+                        const std::vector<int64_t> values = int_sequence(part, "slice's parameters");
+                        if (values.size() != n) throw std::invalid_argument("a slice's starts, ends, axes and steps differ in length");
+                        ins.shape.insert(ins.shape.end(), values.begin(), values.end());
+                    }
+                    if (std::any_of(ins.shape.begin() + 3 * n, ins.shape.end(), [](int64_t s) { return s == 0; }))
+                        throw std::invalid_argument("a slice's step of 0");
+                }
             } else if (k == "transpose") {  // perm
                 ins.code = Code::transpose;
                 ins.shape = int_sequence(extra, "transpose's perm");
@@ -1980,6 +2126,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
         }
         if (PyErr_Occurred()) return nullptr;
         fold_quantizes(*program);
+        mark_transposes_into_convolutions(*program);
         plan_memory(*program);
     } catch (const std::exception &e) {
         return fail(e);

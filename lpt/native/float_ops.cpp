@@ -369,6 +369,32 @@ void gelu(const float *x, int64_t n, float divisor, float one, float half, float
     });
 }
 
+namespace {
+inline float tanh_gelu_value(float x, float cube, float root, float one, float half) {
+    return x * ((one + lpt_exp::tanh((x + x * (x * (cube * x))) * root)) * half);
+}
+
+__attribute__((target("avx2"))) void tanh_gelu_avx2(const float *x, int64_t n, float cube, float root, float one,
+                                                    float half, float *out) {
+    const __m256 c = _mm256_set1_ps(cube), r = _mm256_set1_ps(root), o = _mm256_set1_ps(one), h = _mm256_set1_ps(half);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 inner = _mm256_mul_ps(_mm256_add_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(c, v)))), r);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_mul_ps(_mm256_add_ps(o, lpt_exp::tanh_lanes(inner)), h)));
+    }
+    for (; i < n; ++i) out[i] = tanh_gelu_value(x[i], cube, root, one, half);
+}
+}  // namespace
+
+void tanh_gelu(const float *x, int64_t n, float cube, float root, float one, float half, float *out, int threads) {
+    const bool avx2 = eight_lanes();
+    each_block(n, threads, [=](int64_t start, int64_t count) {
+        if (avx2) tanh_gelu_avx2(x + start, count, cube, root, one, half, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = tanh_gelu_value(x[i], cube, root, one, half);
+    });
+}
+
 void tanh(const float *x, int64_t n, float *out, int threads) {
     const bool avx2 = eight_lanes();
     each_block(n, threads, [&](int64_t start, int64_t count) {

@@ -58,6 +58,9 @@ void erf(const float *x, int64_t n, float *out, int threads);
 void tanh(const float *x, int64_t n, float *out, int threads);
 // x·(erf(x / divisor) + one)·half of each value, in that order (lpt.kernels.gelu): GELU's five ops in one pass.
 void gelu(const float *x, int64_t n, float divisor, float one, float half, float *out, int threads);
+// x·((one + tanh((x + x·(x·(cube·x)))·root))·half of each value, in that order (lpt.kernels.tanh_gelu):
+// jax2tf's nine ops of GELU's tanh approximation in one pass.
+void tanh_gelu(const float *x, int64_t n, float cube, float root, float one, float half, float *out, int threads);
 // ONNX Softmax along the last axis of [rows, n]: m = the row's maximum (a NaN wins), e = lpt's exp(x − m)
 // (exp.h), s = the e added in order, y = e / s.
 void softmax(const float *x, int64_t rows, int64_t n, float *out, int threads);

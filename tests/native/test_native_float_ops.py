@@ -1,5 +1,5 @@
-"""The float32 instructions of native programs (average pool, HardSwish, Erf, binary ops, concat, Softmax,
-LayerNormalization, a sequence's mean, a max over positions) against
+"""The float32 instructions of native programs (average pool, HardSwish, Erf, GELU, binary ops, concat, Softmax,
+LayerNormalization, a sequence's mean, a max over positions, slices) against
 lpt.kernels.float_ops and numpy, bit for bit, on channels-first inputs and on a convolution's
 channels-last outputs, which the engine keeps in that layout."""
 
@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lpt.native
+from lpt.backend.int8_steps import slice_range
 from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
-                         slope_and_clip, softmax)
+                         slope_and_clip, softmax, tanh_gelu)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import quantize
 from lpt.native.program import Program
@@ -85,12 +86,13 @@ OPERATIONS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.d
 
 @given(seed=st.integers(0, 2**32 - 1), operation=st.sampled_from(sorted(OPERATIONS)), layouts=st.tuples(
     st.sampled_from(["channels_first", "channels_last"]), st.sampled_from(["channels_first", "channels_last"])),
-       other=st.sampled_from(["same", "per_channel", "scalar", "repeated", "per_row"]), swapped=st.booleans(),
+       other=st.sampled_from(["same", "per_channel", "per_channel_every_image", "scalar", "repeated", "per_row"]),
+       swapped=st.booleans(),
        quantized=st.sampled_from([None, (0.05, 128, 0, 255, False), (0.02, -3, -128, 127, True)]))
 @settings(max_examples=80, deadline=None)
 def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, swapped, quantized):
-    """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W], one
-    value per row, or one image's values over every image, on either side (Sub and Div keep the operands' order).
+    """The same shape in either layout, a scalar, a squeeze-excite's [N, C, 1, 1] scale over [N, C, H, W] (or a
+    bias's [1, C, 1, 1] for every image), one value per row, or one image's values over every image, on either side (Sub and Div keep the operands' order).
     Quantized right after (a residual sum for the next layer): the engine writes the levels in the same pass."""
     rng = np.random.default_rng(seed)
     make_a, feeds_a, a = source(rng, (2, 6, 5, 4), layouts[0])
@@ -99,7 +101,8 @@ def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, s
         make_b = [(kind, ["q2"], "b", p) for kind, _, _, p in make_b]
         feeds_b = {("q2" if k == "q" else "b"): v for k, v in feeds_b.items()}
     else:
-        shape = {"per_channel": (2, 6, 1, 1), "scalar": (1, 1, 1), "repeated": (1, 6, 5, 4), "per_row": (2, 6, 5, 1)}[other]
+        shape = {"per_channel": (2, 6, 1, 1), "per_channel_every_image": (1, 6, 1, 1), "scalar": (1, 1, 1),
+                 "repeated": (1, 6, 5, 4), "per_row": (2, 6, 5, 1)}[other]
         b = rng.normal(0, 2, shape).astype(np.float32)
         if other in ("repeated", "per_row") and layouts[0] == "channels_last":
             make_a, feeds_a, a = source(rng, (2, 6, 5, 4), "channels_first")  # these: channels-first only
@@ -140,10 +143,67 @@ def test_gelu_is_lpts_kernel_and_its_five_ops_one_by_one(layout):
     assert same_bits(y, one_by_one)
 
 
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_tanh_gelu_is_lpts_kernel_and_its_nine_ops_one_by_one(layout):
+    """The "tanh_gelu" instruction against lpt.kernels.tanh_gelu and against jax2tf's Mul, Mul, Mul, Add, Mul,
+    Tanh, Add, Mul, Mul one at a time (lpt's tanh), with NaN, ±inf (x³ overflows), ±0 and large values."""
+    rng = np.random.default_rng(14)
+    constants = (0.044715, 0.7978846, 1.0, 0.5)
+    y, x = run(rng, (2, 5, 6, 7), layout, ("tanh_gelu", ["x"], "y", constants), special=True)
+    cube, root, one, half = (np.float32(c) for c in constants)
+    with np.errstate(over="ignore", invalid="ignore"):
+        one_by_one = x * (half * (one + tanh(root * (x + x * (x * (cube * x))))))
+    assert same_bits(y, tanh_gelu(x, *constants))
+    assert same_bits(y, one_by_one)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_a_global_max_pool_is_lpts_fold_in_either_layout(layout):
+    """GlobalMaxPool of [N, C, H, W]: each channel's maximum over its positions by the fold of ReduceMax
+    over the middle axes (NaNs and zeros of either sign settled the same way), from channels-first values
+    and from a convolution's channels-last output alike."""
+    rng = np.random.default_rng(15)
+    y, x = run(rng, (2, 5, 6, 7), layout, ("global_max", ["x"], "y", None), special=True)
+    expected = extreme_over_middle_axes(np.moveaxis(x, 1, -1), keepdims=True)  # [N, 1, 1, C]
+    assert same_bits(y, np.ascontiguousarray(np.moveaxis(expected, -1, 1)))
+
+
+def numpy_slice(x, starts, ends, axes, steps):
+    """ONNX's Slice by basic slicing (int8_steps.slice_step's, written out again)."""
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        first, count = slice_range(x.shape[axis], start, end, step)
+        index[axis] = slice(first, first + count * step if first + count * step >= 0 else None, step) if count else slice(0, 0)
+    return x[tuple(index)]
+
+
+bound = st.sampled_from([-2**63, -2**31, -9, -4, -1, 0, 1, 2, 3, 5, 8, 2**31 - 1, 2**63 - 1])
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last", "uint8"]),
+       cuts=st.lists(st.tuples(bound, bound, st.sampled_from([1, 1, 2, 3, -1, -2, -5])), min_size=1, max_size=4))
+@settings(max_examples=80, deadline=None)
+def test_a_slice_takes_onnxs_clamped_ranges(seed, layout, cuts):
+    """Slices of every axis (negative ones from the end), with starts and ends past either end of it and
+    negative steps, of float32 values in either layout and of 8-bit ones: numpy's slicing of the ranges
+    ONNX's clamping gives, and, where every value is taken in order, the same values as they lie."""
+    rng = np.random.default_rng(seed)
+    shape = (2, 5, 4, 7)
+    axes = list(rng.permutation(4)[:len(cuts)] - 4 * rng.integers(0, 2, len(cuts)))  # some from the end
+    starts, ends, steps = ([c[i] for c in cuts] for i in range(3))
+    instruction = ("slice", ["x"], "y", (starts, ends, axes, steps))
+    if layout == "uint8":
+        x = rng.integers(0, 256, shape).astype(np.uint8)
+        [y] = Program([instruction], ["x"], ["y"], threads=1)(x)
+    else:
+        y, x = run(rng, shape, layout, instruction)
+    assert same_bits(np.ascontiguousarray(y), np.ascontiguousarray(numpy_slice(x, starts, ends, axes, steps)))
+
+
 def test_what_the_float_instructions_do_not_take_gives_way_to_the_steps():
     program = Program([("binary", ["a", "b"], "y", "mul")], ["a", "b"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="broadcasts"):
-        program(np.ones((2, 3, 4, 4), np.float32), np.ones((1, 3, 1, 1), np.float32))
+        program(np.ones((2, 3, 4, 4), np.float32), np.ones((1, 1, 4, 1), np.float32))
     pool = Program([("average_pool", ["x"], "y", ((2, 2), (2, 2), (0, 0, 0, 0), False))], ["x"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="average pool"):
         pool(np.ones((1, 3, 4, 4), np.uint8))
@@ -273,6 +333,33 @@ def test_identity_squeeze_unsqueeze_affine_sigmoid_and_hard_sigmoid_are_lpts():
     assert same_bits(h, hard_sigmoid(x, 0.2, 0.5))
     with pytest.raises(Unsupported, match="squeeze of an axis longer"):
         Program([("squeeze", ["x"], "y", (1,))], ["x"], ["y"], threads=1)(x)
+
+
+def test_a_convolutions_output_stays_channels_last_through_views_to_its_global_max():
+    """magika's tail: a convolution of [N, C, T, 1] read through a transpose of [N, T, C, 1] (no copy: the
+    values already lie as the convolution reads them), its output sliced whole and squeezed to [N, C, T]
+    (kept channels-last), a bias per channel, GELU, a global max: the values of each op in turn, and the
+    transpose read by something other than a convolution is the copy numpy's is."""
+    rng = np.random.default_rng(16)
+    conv = lpt.native.Conv(rng.integers(-128, 128, (12, 8, 5, 1)).astype(np.int8), src_zero_point=128,
+                           multiplier=np.float32(1e-3), threads=1)
+    q = rng.integers(0, 256, (2, 20, 8, 1)).astype(np.uint8)  # [N, T, C, 1]
+    bias, weight = rng.normal(0, 1, (1, 12, 1)).astype(np.float32), rng.normal(0, 1, 20).astype(np.float32)
+    f = rng.normal(0, 1, (2, 20, 8)).astype(np.float32)
+    cut = ([0, 0, 0, 0], [2**31 - 1] * 3 + [1], [0, 1, 2, 3], [1, 1, 1, 1])
+    program = Program([("transpose", ["q"], "t", (0, 2, 1, 3)), ("layer", ["t"], "c", conv.instruction[1]),
+                       ("slice", ["c"], "s", cut), ("squeeze", ["s"], "z", (3,)), ("binary", ["z", "b"], "a", "add"),
+                       ("tanh_gelu", ["a"], "g", (0.044715, 0.7978846, 1.0, 0.5)), ("global_max", ["g"], "y", None),
+                       ("transpose", ["f"], "r", (0, 2, 1)), ("binary", ["r", "w"], "p", "mul")],
+                      ["q", "b", "f", "w"], ["z", "g", "y", "p"], threads=2)
+    for _ in range(2):
+        z, g, y, p = program(q, bias, f, weight)
+        expected_z = conv(np.ascontiguousarray(q.transpose(0, 2, 1, 3)))[..., 0]
+        assert same_bits(np.ascontiguousarray(z), expected_z)
+        expected_g = tanh_gelu(expected_z + bias, 0.044715, 0.7978846, 1.0, 0.5)
+        assert same_bits(np.ascontiguousarray(g), expected_g)
+        assert same_bits(y, extreme_over_middle_axes(np.moveaxis(expected_g, 1, -1), keepdims=True).transpose(0, 2, 1))
+        assert same_bits(p, np.ascontiguousarray(f.transpose(0, 2, 1)) * weight)  # [N, 8, 20] · [20]
 
 
 def test_slots_share_memory_only_when_their_lifetimes_do_not_overlap():
