@@ -1770,7 +1770,7 @@ void step(Program &program, const Instruction &ins) {
             out.dims = a.dims;
             std::fill(out.dims.begin() + 2, out.dims.end(), 1);
             lpt_ops::extreme_of_positions(lying, a.dims[0], a.positions(), a.dims[1], false,
-                                          static_cast<float *>(out.allocate('f', out.count())));
+                                          static_cast<float *>(out.allocate('f', out.count())), program.threads);
             break;
         }
         case Code::extreme_middle: {  // [N, *middle, C] → [N, C] or [N, 1, …, 1, C]: each channel over the middle positions
@@ -1783,7 +1783,7 @@ void step(Program &program, const Instruction &ins) {
             out.dims.front() = images;
             out.dims.back() = channels;
             lpt_ops::extreme_of_positions(static_cast<const float *>(a.data), images, middle, channels, ins.smallest,
-                                          static_cast<float *>(out.allocate('f', images * channels)));
+                                          static_cast<float *>(out.allocate('f', images * channels)), program.threads);
             break;
         }
         case Code::slice: {  // ins.shape: starts, ends, axes and steps, one quarter each, as ONNX's Slice

@@ -134,18 +134,32 @@ __attribute__((target("avx2"))) inline __m256 sigmoid_lanes(__m256 x) {
     return x;
 }
 
-// tanh on eight lanes: both ranges computed, each lane taking its own.
-__attribute__((target("avx2"))) inline __m256 tanh_lanes(__m256 x) {
+// tanh on N vectors of eight lanes, in place (their exps interleaved, as exp_lanes_n's): both ranges
+// computed, each lane taking its own.
+template <int N>
+__attribute__((target("avx2"))) inline void tanh_lanes_n(__m256 *x) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(TANH_NEAR[0]);
-    for (int i = 1; i < 5; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(TANH_NEAR[i]));
-    const __m256 near = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z), x), x);
-    const __m256 far = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f),
-                                                        _mm256_add_ps(exp_lanes(_mm256_add_ps(a, a)), one)));
-    __m256 y = _mm256_blendv_ps(far, near, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SPLIT), _CMP_LT_OQ));
-    y = _mm256_or_ps(_mm256_andnot_ps(sign, y), _mm256_and_ps(x, sign));  // x's sign (copysign)
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    __m256 a[N], e[N];
+    for (int v = 0; v < N; ++v) {
+        a[v] = _mm256_andnot_ps(sign, x[v]);
+        e[v] = _mm256_add_ps(a[v], a[v]);
+    }
+    exp_lanes_n<N>(e);
+    for (int v = 0; v < N; ++v) {
+        const __m256 z = _mm256_mul_ps(x[v], x[v]);
+        __m256 p = _mm256_set1_ps(TANH_NEAR[0]);
+        for (int i = 1; i < 5; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(TANH_NEAR[i]));
+        const __m256 near = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z), x[v]), x[v]);
+        const __m256 far = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e[v], one)));
+        __m256 y = _mm256_blendv_ps(far, near, _mm256_cmp_ps(a[v], _mm256_set1_ps(TANH_SPLIT), _CMP_LT_OQ));
+        y = _mm256_or_ps(_mm256_andnot_ps(sign, y), _mm256_and_ps(x[v], sign));  // x's sign (copysign)
+        x[v] = _mm256_blendv_ps(y, x[v], _mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q));
+    }
+}
+
+__attribute__((target("avx2"))) inline __m256 tanh_lanes(__m256 x) {
+    tanh_lanes_n<1>(&x);
+    return x;
 }
 
 // erf on N vectors of eight lanes, in place, their steps interleaved as exp_lanes_n's: each lane's

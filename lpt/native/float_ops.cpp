@@ -272,7 +272,8 @@ __attribute__((target("avx2"))) void slope_and_clip_avx2(const float *x, int64_t
 }
 
 __attribute__((target("avx2"))) void tanh_avx2(const float *x, int64_t n, float *out) {
-    int64_t i = 0;
+    int64_t i = four_vectors_at_a_time(x, n, out,
+                                       [](__m256 *v) __attribute__((target("avx2"))) { lpt_exp::tanh_lanes_n<4>(v); });
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::tanh_lanes(_mm256_loadu_ps(x + i)));
     for (; i < n; ++i) out[i] = lpt_exp::tanh(x[i]);
 }
@@ -377,11 +378,21 @@ inline float tanh_gelu_value(float x, float cube, float root, float one, float h
 __attribute__((target("avx2"))) void tanh_gelu_avx2(const float *x, int64_t n, float cube, float root, float one,
                                                     float half, float *out) {
     const __m256 c = _mm256_set1_ps(cube), r = _mm256_set1_ps(root), o = _mm256_set1_ps(one), h = _mm256_set1_ps(half);
-    int64_t i = 0;
+    auto inner = [=](__m256 v) __attribute__((target("avx2"))) {
+        return _mm256_mul_ps(_mm256_add_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(c, v)))), r);
+    };
+    auto outer = [=](__m256 v, __m256 t) __attribute__((target("avx2"))) {
+        return _mm256_mul_ps(v, _mm256_mul_ps(_mm256_add_ps(o, t), h));
+    };
+    int64_t i = four_vectors_at_a_time(x, n, out, [=](__m256 *v) __attribute__((target("avx2"))) {
+        __m256 t[4];
+        for (int k = 0; k < 4; ++k) t[k] = inner(v[k]);
+        lpt_exp::tanh_lanes_n<4>(t);
+        for (int k = 0; k < 4; ++k) v[k] = outer(v[k], t[k]);
+    });
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 inner = _mm256_mul_ps(_mm256_add_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(v, _mm256_mul_ps(c, v)))), r);
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_mul_ps(_mm256_add_ps(o, lpt_exp::tanh_lanes(inner)), h)));
+        _mm256_storeu_ps(out + i, outer(v, lpt_exp::tanh_lanes(inner(v))));
     }
     for (; i < n; ++i) out[i] = tanh_gelu_value(x[i], cube, root, one, half);
 }
@@ -506,23 +517,26 @@ void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threa
 }
 
 void extreme_of_positions(const float *x, int64_t images, int64_t positions, int64_t channels, bool smallest,
-                          float *out) {
-    for (int64_t n = 0; n < images; ++n) {
+                          float *out, int threads) {
+    constexpr int64_t BLOCK = 64;  // channels a task folds: a cache line of each position's values and more
+    const int64_t blocks = (channels + BLOCK - 1) / BLOCK;
+    lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1, images * blocks, [=](int64_t task) {
+        const int64_t n = task / blocks, c0 = task % blocks * BLOCK, c1 = std::min(channels, c0 + BLOCK);
         float *o = out + n * channels;
         const float *v = x + n * positions * channels;
         if (positions == 0) {
-            std::fill(o, o + channels, smallest ? INFINITY : -INFINITY);
-            continue;
+            std::fill(o + c0, o + c1, smallest ? INFINITY : -INFINITY);
+            return;
         }
-        std::memcpy(o, v, channels * sizeof(float));
+        std::copy(v + c0, v + c1, o + c0);
         for (int64_t t = 1; t < positions; ++t) {
             const float *row = v + t * channels;
-            for (int64_t c = 0; c < channels; ++c) {
+            for (int64_t c = c0; c < c1; ++c) {
                 const float m = o[c], y = row[c];
                 o[c] = m == m && (y != y || (smallest ? y < m : y > m)) ? y : m;
             }
         }
-    }
+    });
 }
 
 void square_root(const float *x, int64_t n, float *out, int threads) {

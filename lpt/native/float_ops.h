@@ -70,7 +70,7 @@ void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threa
 // [images, channels]: each channel's fold in which a value replaces the running one where it is greater
 // (smaller), or NaN while the running one is not (kernels.extreme_over_middle_axes); no position: ∓inf.
 void extreme_of_positions(const float *x, int64_t images, int64_t positions, int64_t channels, bool smallest,
-                          float *out);
+                          float *out, int threads);
 // sqrt of each value (rounded once, as numpy's).
 void square_root(const float *x, int64_t n, float *out, int threads);
 // ONNX LayerNormalization along the last axis of [rows, n]: the mean (the row added in order, / n), d = x − mean,
