@@ -272,11 +272,26 @@ struct Operation {
     enum class Winograd { never, automatic, always } winograd = Winograd::never;
     lpt_s16::PackedWeights winograd_packed;
     lpt_s16::PackedWeights packed;
+    lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
     Scratch<int32_t> acc;
     std::mutex lock;  // the scratch buffers belong to one run at a time
 };
+
+// Weights past what the caches hold, read once per few positions, bound their layer by their stream:
+// as int8, sign-extended in the kernel, they are half the bytes (lpt_s16::NarrowWeights). Measured here
+// (Zen 3, 2 threads, alternating): a classifier's [1024, 8210] over 32 steps (ddddocr) 0.85-0.96 of
+// the int16 weights' time, [120, 18710] over 40 (the PaddleOCR recognizer's) 0.87-1.0 but for one
+// round; weights of 1-2 MB, which the caches hold, 1.0-1.1 (the sign extensions cost more than they save).
+constexpr size_t NARROW_WEIGHTS_BYTES = 4u << 20;  // as int16
+
+void narrow_large_weights(Operation &op) {
+    if (op.winograd != Operation::Winograd::never || op.packed.size() * sizeof(int16_t) <= NARROW_WEIGHTS_BYTES)
+        return;
+    op.narrow = lpt_s16::narrow_weights(op.packed);
+    lpt_s16::PackedWeights().swap(op.packed);
+}
 
 std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<int64_t> &src) {
     std::vector<int64_t> dims = {src[0], op.out_channels};
@@ -640,6 +655,7 @@ PyObject *py_conv(PyObject *, PyObject *args) {
             if (op->winograd == Operation::Winograd::never)
                 op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
                                            : lpt_s16::pack_weights(op->weights.data(), op->geometry);
+            if (!op->depthwise) narrow_large_weights(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -679,6 +695,7 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
             for (int64_t k = 0; k < shape[0]; ++k)
                 for (int64_t n = 0; n < shape[1]; ++n) transposed[n * shape[0] + k] = op->weights[k * shape[1] + n];
             op->packed = lpt_s16::pack_weights(transposed.data(), op->geometry);
+            narrow_large_weights(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -725,7 +742,8 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const bool winograd = op.winograd == Operation::Winograd::always ||
                           (op.winograd == Operation::Winograd::automatic && lpt_s16::winograd_pays(g, h, w));
     lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
-    if (weights.empty())
+    const bool narrow = !winograd && !op.narrow.empty();
+    if (weights.empty() && !narrow)
         weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
     thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
@@ -736,14 +754,23 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                    widened, op.threads);
     if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
-        const auto staged = op.depthwise ? lpt_s16::depthwise_staged
-                            : winograd    ? lpt_s16::winograd_staged
-                                          : lpt_s16::convolve_staged;
-        staged(widened, weights.data(), g, images, h, w, op.epilogue, out, op.threads);
+        if (narrow) {
+            lpt_s16::convolve_staged(widened, op.narrow.data(), g, images, h, w, op.epilogue, out, op.threads);
+        } else {
+            const auto staged = op.depthwise ? lpt_s16::depthwise_staged
+                                : winograd    ? lpt_s16::winograd_staged
+                                              : static_cast<decltype(&lpt_s16::depthwise_staged)>(lpt_s16::convolve_staged);
+            staged(widened, weights.data(), g, images, h, w, op.epilogue, out, op.threads);
+        }
     } else {
         int32_t *acc = op.acc.get(items);
-        const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd : lpt_s16::convolve;
-        accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
+        if (narrow) {
+            lpt_s16::convolve(widened, op.narrow.data(), g, images, h, w, acc, op.threads);
+        } else {
+            const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd
+                                  : static_cast<decltype(&lpt_s16::depthwise)>(lpt_s16::convolve);
+            accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
+        }
         finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels,
                   conv && !channels_last_out, out, op.threads);
         if (op.acc.bytes() > KEEP_SCRATCH_BYTES) op.acc.release();

@@ -49,13 +49,21 @@ struct Walk {  // how a tile walks the window of its positions, the same for eve
 // A tile of T positions × 16 output channels (HALVES 2), or × the first 8 (HALVES 1: a layer's last block
 // where at most eight are valid, 24 channels being a block of 16 and one of 8, so the products of the
 // eight lanes no one reads are not computed, and lanes 8-15 of out are left as they were).
-template <int T, int HALVES = 2>
-__attribute__((target("avx2"))) void tile(const int16_t *const *positions, const int16_t *weights, const Walk &walk,
+// Sixteen weights as int16: packed so (PackedWeights), or int8 sign-extended as they are read (NarrowWeights).
+__attribute__((target("avx2"))) inline __m256i weight_vector(const int16_t *w) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
+}
+__attribute__((target("avx2"))) inline __m256i weight_vector(const int8_t *w) {
+    return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(w)));
+}
+
+template <int T, int HALVES = 2, typename W = int16_t>
+__attribute__((target("avx2"))) void tile(const int16_t *const *positions, const W *weights, const Walk &walk,
                                           int32_t *out) {  // out [T][LANES]
     __m256i acc[T][HALVES];
     for (int j = 0; j < T; ++j)
         for (int k = 0; k < HALVES; ++k) acc[j][k] = _mm256_setzero_si256();
-    const int16_t *w = weights;
+    const W *w = weights;
     for (int64_t row = 0; row < walk.rows; ++row) {
         for (int64_t run = 0; run < walk.runs; ++run) {
             const int64_t offset = row * walk.row_stride + run * walk.run_stride;
@@ -63,7 +71,7 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
             for (int j = 0; j < T; ++j) src[j] = positions[j] + offset;
             for (int64_t q = 0; q < walk.pairs; ++q, w += 2 * LANES) {
                 __m256i wk[HALVES];
-                for (int k = 0; k < HALVES; ++k) wk[k] = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + k * LANES));
+                for (int k = 0; k < HALVES; ++k) wk[k] = weight_vector(w + k * LANES);
                 for (int j = 0; j < T; ++j) {
                     int32_t pair;
                     std::memcpy(&pair, src[j] + 2 * q, sizeof pair);
@@ -78,15 +86,19 @@ __attribute__((target("avx2"))) void tile(const int16_t *const *positions, const
             _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8 * k), acc[j][k]);
 }
 
-using TileFunction = void (*)(const int16_t *const *, const int16_t *, const Walk &, int32_t *);
-constexpr TileFunction TILES[TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+template <typename W>
+using TileFunction = void (*)(const int16_t *const *, const W *, const Walk &, int32_t *);
+template <typename W = int16_t>
+constexpr TileFunction<W> TILES[TILE + 1] = {nullptr, tile<1, 2, W>, tile<2, 2, W>, tile<3, 2, W>, tile<4, 2, W>,
+                                             tile<5, 2, W>, tile<6, 2, W>};
 
 // Half tiles take twice the positions: 12 accumulators + 1 weight + 1 source of 16 ymm. PaddleOCR's
 // detector's 3×3 stride-2 48→24 layer over 320×320 computed a third of its products for nothing.
 constexpr int HALF_TILE = 12;
-constexpr TileFunction HALF_TILES[HALF_TILE + 1] = {
-    nullptr, tile<1, 1>, tile<2, 1>, tile<3, 1>, tile<4, 1>, tile<5, 1>, tile<6, 1>,
-    tile<7, 1>, tile<8, 1>, tile<9, 1>, tile<10, 1>, tile<11, 1>, tile<12, 1>};
+template <typename W = int16_t>
+constexpr TileFunction<W> HALF_TILES[HALF_TILE + 1] = {
+    nullptr, tile<1, 1, W>, tile<2, 1, W>, tile<3, 1, W>, tile<4, 1, W>, tile<5, 1, W>, tile<6, 1, W>,
+    tile<7, 1, W>, tile<8, 1, W>, tile<9, 1, W>, tile<10, 1, W>, tile<11, 1, W>, tile<12, 1, W>};
 
 // The post-ops of an Epilogue as vectors, set once per call of stage() rather than per position.
 struct VectorPostOps {
@@ -439,8 +451,8 @@ constexpr int64_t RUN_TILES = 8;
 // Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
 // position, count, step from one position to the next, first channel, valid channels) as soon as it
 // is done.
-template <typename Sink>
-void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+template <typename W, typename Sink>
+void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int threads, const Sink &sink) {
     const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
@@ -467,7 +479,7 @@ void each_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, in
                 starts[j] = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2;
                 if (++ox == out_w) ox = 0, ++oy;
             }
-            (half ? HALF_TILES : TILES)[in_tile](starts, packed + b * block_size, walk, acc + t * LANES);
+            (half ? HALF_TILES<W> : TILES<W>)[in_tile](starts, packed + b * block_size, walk, acc + t * LANES);
         }
         sink(acc, n * positions + first, count, 1, b * LANES, valid);
     });
@@ -669,7 +681,7 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         for (int64_t component = 0; component < 16; ++component) {
             const int16_t *starts[TILE];
             for (int64_t j = 0; j < count; ++j) starts[j] = v + component * component_stride + j * stride;
-            TILES[count](starts, packed + component * component_size + b * c2 * LANES, walk, m[component]);
+            TILES<>[count](starts, packed + component * component_size + b * c2 * LANES, walk, m[component]);
         }
         alignas(32) int32_t y[2][2 * TILE * LANES];
         transform_output(m, count, y);
@@ -863,6 +875,20 @@ void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int
 void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads) {
     write_staged([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, e, out);
+}
+
+NarrowWeights narrow_weights(const PackedWeights &packed) {
+    return NarrowWeights(packed.begin(), packed.end());  // int8 weights, packed as int16: every value fits
+}
+
+void convolve(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) { each_tile(wide, narrow, g, images, h, w, threads, sink); }, g, acc);
+}
+
+void convolve_staged(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_tile(wide, narrow, g, images, h, w, threads, sink); }, g, e, out);
 }
 
 void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,

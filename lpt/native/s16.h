@@ -44,6 +44,10 @@ using PackedWeights = std::vector<int16_t, CacheLineAllocator<int16_t>>;
 
 // int8 weights [OC, IC, KH, KW] → int16, in the order the kernel reads them.
 PackedWeights pack_weights(const int8_t *weights, const Geometry &g);
+// The same, in int8 (the kernel sign-extends each sixteen as it reads them): half the bytes, for weights
+// the caches do not hold (a classifier's [1024, 8210], 17 MB as int16), whose stream bounds the layer.
+using NarrowWeights = std::vector<int8_t, CacheLineAllocator<int8_t>>;
+NarrowWeights narrow_weights(const PackedWeights &packed);
 
 // The source's int16 form the kernel reads: q − zero_point, channels-last, padded with zeros
 // (spatially, and to an even channel count), [images, H + pads, W + pads, padded_channels].
@@ -93,6 +97,11 @@ struct Epilogue {
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values
 // never reach memory, and no pass over the output follows.
 void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                     int64_t w, const Epilogue &e, void *out, int threads);
+// convolve and convolve_staged with narrow weights
+void convolve(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h, int64_t w,
+              int32_t *acc, int threads);
+void convolve_staged(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads);
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                       int64_t w, const Epilogue &e, void *out, int threads);

@@ -179,3 +179,33 @@ def test_sigmoid_in_the_output_stage_is_lpts_numpy_sigmoid_over_the_float_range(
                                 axis=-1)
         got = matmul(src)
         assert got.dtype == expected.dtype and np.array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("layer", ["matmul", "1x1 conv"])
+def test_weights_past_the_caches_read_as_int8_give_the_same_values(layer):
+    """Weights over 4 MB as int16 (a classifier of thousands of classes) are kept as int8 and widened by
+    the s16 kernel as it reads them: the accumulators and the output stage are those of the reference,
+    at the extremes of both operands too, in whole and partial blocks of sixteen outputs and position tiles."""
+    if "s16" not in lpt.native.exact_routes():
+        pytest.skip("the s16 route needs AVX2")
+    rng = np.random.default_rng(17)
+    k, n = 300, 7003  # 2.1 M weights: 4.2 MB as int16; 7003 = 437 blocks of 16 and 11 more
+    weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    weights[:, :5] = -128  # the extremes: the widened products' largest magnitude
+    src = rng.integers(0, 256, (13, k)).astype(np.uint8)
+    src[0] = 255
+    multiplier = rng.uniform(1e-5, 1e-4, n).astype(np.float32)
+    if layer == "matmul":
+        native = lpt.native.MatMul(weights, src_zero_point=0, multiplier=multiplier, route="s16", threads=2)
+        accumulators = native.accumulate(src)
+        values = native(src)
+        reference = matmul_reference(src, 0, weights, 0)
+    else:  # [N, K, 1, 13] → [N, n, 1, 13]
+        conv_weights = np.ascontiguousarray(weights.T).reshape(n, k, 1, 1)
+        native = lpt.native.Conv(conv_weights, src_zero_point=0, multiplier=multiplier, route="s16", threads=2)
+        image = np.ascontiguousarray(src.T).reshape(1, k, 1, 13)
+        accumulators = native.accumulate(image)[0, :, 0, :].T
+        values = native(image)[0, :, 0, :].T
+        reference = matmul_reference(src, 0, weights, 0)
+    assert np.array_equal(accumulators, reference)
+    assert np.array_equal(values, output_stage(reference.astype(np.int32), multiplier, None, (), None, np.int32(0), 0, 255, axis=-1))
