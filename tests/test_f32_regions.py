@@ -75,6 +75,26 @@ def test_f32_nodes_on_both_sides_of_an_int8_step_run_in_order():
     np.testing.assert_allclose(plan.run({"x": x})["y"], lpt.run_reference(int8, {"x": x})["y"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("side, threads", [(4, 1), (128, 2)])
+def test_a_region_of_small_tensors_between_lpts_steps_runs_on_one_thread(side, threads):
+    """The same f32 region (com.microsoft's Gelu, onnxruntime's) after a layer: on one thread where its
+    tensors are small (waking a second thread for each op costs more than it saves), on the plan's
+    threads where the graph says they hold 2^15 values or more; the same values either way."""
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 1, 1)), g.const(np.ones(4, np.float32))])
+    g.op("Gelu", [conv], name="y")
+    g.nodes[-1].domain = "com.microsoft"
+    _, fq_model = g.build({"x": [1, 3, side, side]}, ["y"], output_shapes={"y": [1, 4, side, side]},
+                          extra_opsets={"com.microsoft": 1})
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8, threads=2)
+    [region] = [s for s in plan.steps if s.backend == "onnxruntime"]
+    assert region.run.threads == threads
+    x = RNG.uniform(-2, 2, (1, 3, side, side)).astype(np.float32)
+    np.testing.assert_allclose(plan.run({"x": x})["y"], run_onnxruntime(fq_model, {"x": x})["y"], atol=1e-3)
+
+
 def test_a_subgraph_reads_a_value_another_step_made():
     """An If whose branches read the int8 layer's output from the outer scope."""
     g = Graph()

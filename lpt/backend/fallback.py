@@ -16,6 +16,7 @@ threads). A node that fails as it runs is a ModelError naming it, with onnxrunti
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 import numpy as np
@@ -61,18 +62,52 @@ def _captured(node: ir.Node) -> list[ir.Value]:
     return [v for v in used if id(v) not in defined]
 
 
+# A region between steps of lpt's own wakes its sleeping threads at each op it runs in parallel; where its
+# work is small, that costs more than the second thread gains. The work is judged from the model (the
+# weights its nodes read, the sizes the graph gives its tensors), never from timing, so the choice, and
+# onnxruntime's bits, are the same at every run. silero_vad_16k_op15 (its STFT and LSTM regions read
+# 0.12 M and 0.13 M weights, its tensors are small): 0.86-0.91 of its time with two threads (12 rounds
+# alternating in one process); magika (regions of 0.5 M values) stays at two; ddddocr's LSTM region reads
+# 4.2 M weights. All regions on one thread (stop 28) made ddddocr_common 1.12-1.27x slower.
+SMALL_REGION_WEIGHTS = 1 << 20
+
+
+SMALL_REGION_VALUES = 1 << 15
+
+
+def small_region(nodes: list[ir.Node], constants: dict[str, np.ndarray]) -> bool:
+    """Whether the region's nodes read fewer than SMALL_REGION_WEIGHTS constant values, their subgraphs'
+    (an If's branches) counted, and none of the tensors they read or make has SMALL_REGION_VALUES values
+    or more as far as the graph says (a dimension it does not know counted as 1)."""
+    for value in [v for n in nodes for v in [*n.inputs, *n.outputs] if v is not None and v.name not in constants]:
+        if value.shape is not None and math.prod(d if isinstance(d, int) else 1 for d in value.shape) >= SMALL_REGION_VALUES:
+            return False
+    count = sum(np.size(a) for a in constants.values())
+    for node in nodes:
+        for attr in node.attributes.values():
+            if attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                continue
+            for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
+                count += sum(v.const_value.size for v in graph.initializers.values() if v.const_value is not None)
+                for inner in ir.traversal.RecursiveGraphIterator(graph):
+                    count += sum(a.value.size for a in inner.attributes.values() if a.type == ir.AttributeType.TENSOR)
+    return count < SMALL_REGION_WEIGHTS
+
+
 class RegionRunner:
     """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it.
 
     With `alone` (the plan has no step of lpt's own), its threads spin between ops and after a run, as
     an onnxruntime session's do by default; else they sleep, and leave the cores to the int8 kernels'
-    threads."""
+    threads, and a region of few weights runs on one thread (small_region says why)."""
 
     def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
                  needed_outside: set[str], threads: int = 1, alone: bool = False):
-        self.nodes, self.opsets, self.threads, self.alone = nodes, opsets, threads, alone
         external = region_inputs(nodes)
         self._constants = {v.name: constants[v.name] for v in external if v.name in constants}
+        if not alone and small_region(nodes, self._constants):
+            threads = 1
+        self.nodes, self.opsets, self.threads, self.alone = nodes, opsets, threads, alone
         self._input_values = [v for v in external if v.name not in constants and v.name]
         self.input_names = [v.name for v in self._input_values]
         self.output_names = [v.name for n in nodes for v in n.outputs if v.name in needed_outside]
