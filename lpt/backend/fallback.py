@@ -69,10 +69,7 @@ def _captured(node: ir.Node) -> list[ir.Value]:
 # 0.12 M and 0.13 M weights, its tensors are small): 0.86-0.91 of its time with two threads (12 rounds
 # alternating in one process); magika (regions of 0.5 M values) stays at two; ddddocr's LSTM region reads
 # 4.2 M weights. All regions on one thread (stop 28) made ddddocr_common 1.12-1.27x slower.
-SMALL_REGION_WEIGHTS = 1 << 20
-
-
-SMALL_REGION_VALUES = 1 << 15
+SMALL_REGION_WEIGHTS, SMALL_REGION_VALUES = 1 << 20, 1 << 15
 
 
 def small_region(nodes: list[ir.Node], constants: dict[str, np.ndarray]) -> bool:
@@ -99,7 +96,7 @@ class RegionRunner:
 
     With `alone` (the plan has no step of lpt's own), its threads spin between ops and after a run, as
     an onnxruntime session's do by default; else they sleep, and leave the cores to the int8 kernels'
-    threads, and a region of few weights runs on one thread (small_region says why)."""
+    threads, and a region of little work runs on one thread (small_region says why)."""
 
     def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
                  needed_outside: set[str], threads: int = 1, alone: bool = False):
