@@ -759,7 +759,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         } else {
             const auto staged = op.depthwise ? lpt_s16::depthwise_staged
                                 : winograd    ? lpt_s16::winograd_staged
-                                              : static_cast<decltype(&lpt_s16::depthwise_staged)>(lpt_s16::convolve_staged);
+                                              : lpt_s16::convolve_staged<int16_t>;
             staged(widened, weights.data(), g, images, h, w, op.epilogue, out, op.threads);
         }
     } else {
@@ -768,7 +768,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             lpt_s16::convolve(widened, op.narrow.data(), g, images, h, w, acc, op.threads);
         } else {
             const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd
-                                  : static_cast<decltype(&lpt_s16::depthwise)>(lpt_s16::convolve);
+                                  : lpt_s16::convolve<int16_t>;
             accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
         }
         finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels,
@@ -1319,15 +1319,20 @@ void run_upsampling(Program &program, const Instruction &ins, const Slot &src, S
     });
 }
 
+// `out` as `a`'s values where they lie, seen with `dims` and `channels_last`: a view (the slot it reads
+// lives as long as this one: plan_memory).
+void alias(Slot &out, const Slot &a, std::vector<int64_t> dims, bool channels_last) {
+    out.type = a.type;
+    out.data = a.data;
+    out.dims = std::move(dims);
+    out.channels_last = channels_last;
+}
+
 // `out` as `a`'s values with other dimensions: a view of them, or, where `a` lies channels-last, a
 // channels-first copy (a flatten or reshape reads the channels-first order).
 void view_as(Slot &out, const Slot &a, std::vector<int64_t> dims, int threads) {
-    if (a.transposed()) {
-        a.channels_first_into(out.allocate(a.type, a.count()), threads);
-    } else {
-        out.type = a.type;
-        out.data = a.data;  // the slot it reads lives as long as this one (plan_memory)
-    }
+    if (!a.transposed()) return alias(out, a, std::move(dims), false);
+    a.channels_first_into(out.allocate(a.type, a.count()), threads);
     out.dims = std::move(dims);
 }
 
@@ -1500,10 +1505,7 @@ void step(Program &program, const Instruction &ins) {
             break;
         }
         case Code::identity:  // a view of any type, in its layout
-            out.type = a.type;
-            out.data = a.data;
-            out.dims = a.dims;
-            out.channels_last = a.channels_last;
+            alias(out, a, a.dims, a.channels_last);
             break;
         case Code::squeeze:
         case Code::unsqueeze: {  // ins.shape: the axes, ONNX's (negative ones from the end of the output's rank);
@@ -1530,10 +1532,7 @@ void step(Program &program, const Instruction &ins) {
             if (a.transposed() && (axes.empty() || axes[0] >= 2)) {
                 // positions of one value, after the channels: the channels-last order is the same (magika's
                 // convolution [N, C, T, 1] squeezed to [N, C, T]: copied channels-first, it cost 0.3 ms)
-                out.type = a.type;
-                out.data = a.data;
-                out.channels_last = true;
-                out.dims = std::move(dims);
+                alias(out, a, std::move(dims), true);
                 break;
             }
             view_as(out, a, dims, program.threads);
@@ -1716,34 +1715,26 @@ void step(Program &program, const Instruction &ins) {
         case Code::transpose: {
             const size_t rank = a.dims.size();
             if (ins.shape.size() != rank) throw Unsupported("a transpose whose perm does not fit the rank");
+            std::vector<int64_t> dims(rank);
+            for (size_t i = 0; i < rank; ++i) dims[i] = a.dims[ins.shape[i]];
             bool channels_to_last = a.transposed() && ins.shape[0] == 0 && ins.shape[rank - 1] == 1;
             for (size_t i = 1; i + 1 < rank; ++i) channels_to_last = channels_to_last && ins.shape[i] == (int64_t)i + 1;
             if (channels_to_last) {  // [N, C, *spatial] lying channels-last, to [N, *spatial, C]: a view of it
-                out.dims.assign(rank, 0);
-                for (size_t i = 0; i < rank; ++i) out.dims[i] = a.dims[ins.shape[i]];
-                out.type = a.type;
-                out.data = a.data;  // the slot it reads lives as long as this one (plan_memory)
+                alias(out, a, std::move(dims), false);
                 break;
             }
             if (ins.into_convolutions && lies_channels_last(a, ins.shape)) {
                 // channels-first values whose channels-last order, transposed, is the order they lie in
                 // (a jax2tf [N, T, C, 1] to the [N, C, T, 1] a convolution reads): a view, which the
                 // convolution reads channels-last. magika's copy cost 0.2 ms.
-                out.dims.assign(rank, 0);
-                for (size_t i = 0; i < rank; ++i) out.dims[i] = a.dims[ins.shape[i]];
-                out.type = a.type;
-                out.data = a.data;
-                out.channels_last = true;
+                alias(out, a, std::move(dims), true);
                 break;
             }
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
             std::vector<int64_t> in_strides(rank, 1), step(rank);  // input elements per step of each output axis
             for (size_t i = rank; i-- > 1;) in_strides[i - 1] = in_strides[i] * a.dims[i];
-            out.dims.assign(rank, 0);
-            for (size_t i = 0; i < rank; ++i) {
-                out.dims[i] = a.dims[ins.shape[i]];
-                step[i] = in_strides[ins.shape[i]];
-            }
+            for (size_t i = 0; i < rank; ++i) step[i] = in_strides[ins.shape[i]];
+            out.dims = std::move(dims);
             const int64_t count = a.count();
             unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, count));
             if (rank == 0) std::memcpy(o, in, a.item());
@@ -1827,9 +1818,7 @@ void step(Program &program, const Instruction &ins) {
                 out.dims[axis] = range.count;
             }
             if (out.dims == a.dims && std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; })) {
-                out.type = a.type;  // every value, in order (magika's after its convolution): a view
-                out.data = a.data;
-                out.channels_last = a.channels_last;
+                alias(out, a, a.dims, a.channels_last);  // every value, in order (magika's after its convolution)
                 break;
             }
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));

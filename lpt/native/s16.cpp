@@ -867,28 +867,27 @@ void write_staged(const Walk &walk, const Geometry &g, const Epilogue &e, void *
 
 }  // namespace
 
-void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+template <typename W>
+void convolve(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads) {
     write_accumulators([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, acc);
 }
 
-void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+template <typename W>
+void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads) {
     write_staged([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, e, out);
 }
 
+template void convolve(const int16_t *, const int16_t *, const Geometry &, int64_t, int64_t, int64_t, int32_t *, int);
+template void convolve(const int16_t *, const int8_t *, const Geometry &, int64_t, int64_t, int64_t, int32_t *, int);
+template void convolve_staged(const int16_t *, const int16_t *, const Geometry &, int64_t, int64_t, int64_t,
+                              const Epilogue &, void *, int);
+template void convolve_staged(const int16_t *, const int8_t *, const Geometry &, int64_t, int64_t, int64_t,
+                              const Epilogue &, void *, int);
+
 NarrowWeights narrow_weights(const PackedWeights &packed) {
     return NarrowWeights(packed.begin(), packed.end());  // int8 weights, packed as int16: every value fits
-}
-
-void convolve(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h, int64_t w,
-              int32_t *acc, int threads) {
-    write_accumulators([&](const auto &sink) { each_tile(wide, narrow, g, images, h, w, threads, sink); }, g, acc);
-}
-
-void convolve_staged(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h,
-                     int64_t w, const Epilogue &e, void *out, int threads) {
-    write_staged([&](const auto &sink) { each_tile(wide, narrow, g, images, h, w, threads, sink); }, g, e, out);
 }
 
 void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,

@@ -55,8 +55,9 @@ int64_t widened_size(const Geometry &g, int64_t images, int64_t h, int64_t w);
 void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
            int64_t images, int64_t h, int64_t w, int16_t *wide, int threads);
 
-// acc [images, out_h·out_w, OC] int32 = Σ wide · weights, exactly.
-void convolve(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
+// acc [images, out_h·out_w, OC] int32 = Σ wide · weights, exactly; the weights packed (int16_t) or narrow (int8_t).
+template <typename W>
+void convolve(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
               int32_t *acc, int threads);
 
 // Depthwise convolutions (one input and one output channel per group): the same widened source,
@@ -96,12 +97,8 @@ struct Epilogue {
 // out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values
 // never reach memory, and no pass over the output follows.
-void convolve_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                     int64_t w, const Epilogue &e, void *out, int threads);
-// convolve and convolve_staged with narrow weights
-void convolve(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h, int64_t w,
-              int32_t *acc, int threads);
-void convolve_staged(const int16_t *wide, const int8_t *narrow, const Geometry &g, int64_t images, int64_t h,
+template <typename W>
+void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads);
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                       int64_t w, const Epilogue &e, void *out, int threads);
