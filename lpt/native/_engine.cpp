@@ -1847,18 +1847,26 @@ void step(Program &program, const Instruction &ins) {
             if (a.type == 'f') std::memcpy(fill, &ins.fill, 4);
             else if (a.type == 'B') fill[0] = (unsigned char)(uint8_t)ins.fill;
             else fill[0] = (unsigned char)(int8_t)ins.fill;
-            const int64_t width = a.dims[rank - 1], out_width = out.dims[rank - 1], rows = out.count() / std::max<int64_t>(1, out_width);
-            std::vector<int64_t> index(rank, 0);  // the output row's index on each axis but the last
+            // Axes after the last padded one are copied whole with each value of it: a Keras ZeroPadding2D
+            // of [1, 76, 32, 1] is 76 rows of 32 one-byte values so, not 2 584 rows of one (31 µs before).
+            size_t axes = rank;
+            int64_t inner = 1;
+            while (axes > 1 && ins.shape[axes - 1] == 0 && ins.shape[rank + axes - 1] == 0) inner *= a.dims[--axes];
+            const int64_t width = a.dims[axes - 1] * inner, out_width = out.dims[axes - 1] * inner;
+            const int64_t rows = out.count() / std::max<int64_t>(1, out_width);
+            std::vector<int64_t> index(axes, 0);  // the output row's index on each axis but the last
             for (int64_t row = 0; row < rows && out_width; ++row) {
                 unsigned char *to = o + row * out_width * item;
                 int64_t source = 0;  // the source row, or −1 where the output row lies in the border
-                for (size_t i = 0; i + 1 < rank && source >= 0; ++i) {
+                for (size_t i = 0; i + 1 < axes && source >= 0; ++i) {
                     const int64_t at = index[i] - ins.shape[i];
                     source = at < 0 || at >= a.dims[i] ? -1 : source * a.dims[i] + at;
                 }
-                for (int64_t x = 0; x < out_width; ++x) std::memcpy(to + x * item, fill, item);
-                if (source >= 0 && width) std::memcpy(to + ins.shape[rank - 1] * item, in + source * width * item, width * item);
-                for (size_t i = rank - 1; i-- > 0;) {  // the next output row
+                const int64_t before = ins.shape[axes - 1] * inner;
+                for (int64_t x = 0; x < out_width; ++x)
+                    if (source < 0 || x < before || x >= before + width) std::memcpy(to + x * item, fill, item);
+                if (source >= 0 && width) std::memcpy(to + before * item, in + source * width * item, width * item);
+                for (size_t i = axes - 1; i-- > 0;) {  // the next output row
                     if (++index[i] < out.dims[i]) break;
                     index[i] = 0;
                 }

@@ -135,10 +135,12 @@ def test_a_float_max_pool_is_lpts(window):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float32])
 @pytest.mark.parametrize("pads, fill", [((0, 0, 1, 0, 0, 0, 1, 0), 0.0), ((0, 2, 0, 3, 0, 1, 4, 0), 7.0),
-                                         ((1, 0, 0, 0, 0, 0, 0, 2), -3.0)])
+                                         ((1, 0, 0, 0, 0, 0, 0, 2), -3.0), ((0, 1, 0, 0, 0, 2, 0, 0), 5.0),
+                                         ((0,) * 8, 1.0)])
 def test_a_constant_pad_is_numpys(dtype, pads, fill):
-    """Any type, any axis, the border's value in the values' type; and a convolution's channels-last output
-    padded as its channels-first values."""
+    """Any type, any axis, the border's value in the values' type (the axes after the last padded one
+    copied whole, down to none padded); and a convolution's channels-last output padded as its
+    channels-first values."""
     rng = np.random.default_rng(12)
     x = (rng.integers(0, 100, (2, 3, 5, 4)) if dtype != np.float32 else rng.normal(0, 1, (2, 3, 5, 4))).astype(dtype)
     rank = len(pads) // 2
