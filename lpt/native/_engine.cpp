@@ -726,6 +726,43 @@ Layout layout_of(const Py_buffer &v) {
     return last ? Layout::channels_last : Layout::other;
 }
 
+// A matmul whose every source row holds at most one value other than its zero point (a one-hot: magika
+// multiplies its bytes' one-hot, 257 wide, by its first Dense) needs one weight row per source row:
+// acc[r] = (q − zp)·weights[k], the same exact sums as the kernel's over all K, then the same output
+// stage (or the accumulators, for an s32 `dst`), on any route. src: [rows, K]. False, with nothing written,
+// where some row has two or more such values: the route's kernel runs.
+bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool signed_src, int zero_point, int64_t rows,
+                              Dst dst, void *out) {
+    const int64_t k = op.in_channels, n = op.out_channels;
+    std::vector<int64_t> at(rows);  // each row's one value's place, or −1: a row of zero points
+    std::atomic<bool> dense{false};
+    const uint8_t zero = (uint8_t)zero_point;  // as a byte: an int8 zero point in two's complement
+    lpt_parallel::for_each(rows * k >= PARALLEL_WORK ? op.threads : 1, rows, [=, &at, &dense](int64_t r) {
+        if (dense.load(std::memory_order_relaxed)) return;
+        at[r] = lpt_s16::single_other_byte(src + r * k, k, zero);
+        if (at[r] == -2) dense.store(true, std::memory_order_relaxed);
+    });
+    if (dense.load()) return false;
+    const int8_t *weights = op.weights.data();  // [K, N]
+    const lpt_s16::Epilogue *epilogue = dst == Dst::s32 ? nullptr : &op.epilogue;
+    char *o = static_cast<char *>(out);
+    const size_t row_bytes = n * item_size(dst);
+    lpt_parallel::for_each(rows * n >= PARALLEL_WORK ? op.threads : 1, rows, [=, &at](int64_t r) {
+        thread_local std::vector<int32_t> row;
+        row.resize(n);
+        int32_t *acc = epilogue ? row.data() : reinterpret_cast<int32_t *>(o + r * row_bytes);
+        if (at[r] < 0) {
+            std::fill(acc, acc + n, 0);
+        } else {
+            const uint8_t q = src[r * k + at[r]];
+            const int32_t v = (signed_src ? (int32_t)(int8_t)q : (int32_t)q) - zero_point;
+            lpt_s16::scaled_weights(v, weights + at[r] * n, n, acc);
+        }
+        if (epilogue) lpt_s16::stage_channels(*epilogue, acc, nullptr, n, o + r * row_bytes);
+    });
+    return true;
+}
+
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
@@ -785,6 +822,12 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
 void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
     std::lock_guard<std::mutex> guard(op.lock);
+    if (op.kind == Kind::matmul && (dst == Dst::s32 || dst == op.stage.dst) && lpt_s16::supported() &&
+        out_bytes == (size_t)(dims[0] * op.out_channels) * item_size(dst) &&
+        gather_single_value_rows(op, src, signed_src, src_zero_point, dims[0], dst, out)) {
+        op.last_impl = "lpt:rows_avx2";
+        return;
+    }
     if (op.route == Route::s16) {
         run_s16(op, src, dims, channels_last, signed_src, src_zero_point, dst, channels_last_out, out, out_bytes);
         return;

@@ -400,6 +400,34 @@ __attribute__((target("avx2"))) void widen_values(const uint8_t *q, int64_t n, b
 }
 }  // namespace
 
+__attribute__((target("avx2,popcnt"))) int64_t single_other_byte(const uint8_t *bytes, int64_t n, uint8_t zero) {
+    const __m256i zeros = _mm256_set1_epi8((char)zero);
+    int64_t found = -1, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bytes + i));
+        const uint32_t other = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, zeros));
+        if (!other) continue;
+        if (found >= 0 || _mm_popcnt_u32(other) > 1) return -2;
+        found = i + __builtin_ctz(other);
+    }
+    for (; i < n; ++i)
+        if (bytes[i] != zero) {
+            if (found >= 0) return -2;
+            found = i;
+        }
+    return found;
+}
+
+__attribute__((target("avx2"))) void scaled_weights(int32_t v, const int8_t *weights, int64_t n, int32_t *acc) {
+    const __m256i factor = _mm256_set1_epi32(v);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(weights + c)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(acc + c), _mm256_mullo_epi32(w, factor));
+    }
+    for (; c < n; ++c) acc[c] = v * weights[c];
+}
+
 // Positions widened together from a channels-first source: a channel's run of them is one read, and their
 // c2 values each (16 kB for 512 channels) stay in L1 while every channel writes its one. Row by row
 // before, a 512-channel 1-D source of 194 positions (plcmos_v2) took 0.3 ms, on one thread.

@@ -49,6 +49,12 @@ PackedWeights pack_weights(const int8_t *weights, const Geometry &g);
 using NarrowWeights = std::vector<int8_t, CacheLineAllocator<int8_t>>;
 NarrowWeights narrow_weights(const PackedWeights &packed);
 
+// Where the one byte of `bytes` [n] other than `zero` lies: its index, −1 where all are `zero`, −2 where two
+// or more are not.
+int64_t single_other_byte(const uint8_t *bytes, int64_t n, uint8_t zero);
+// acc [n] = v·weights [n]
+void scaled_weights(int32_t v, const int8_t *weights, int64_t n, int32_t *acc);
+
 // The source's int16 form the kernel reads: q − zero_point, channels-last, padded with zeros
 // (spatially, and to an even channel count), [images, H + pads, W + pads, padded_channels].
 int64_t widened_size(const Geometry &g, int64_t images, int64_t h, int64_t w);

@@ -25,14 +25,21 @@ def matmul_cases(draw):
     k, n = draw(st.integers(1, 300)), draw(st.integers(1, 40))
     src_dtype = draw(st.sampled_from([np.uint8, np.int8]))
     info = np.iinfo(src_dtype)
-    extremes = draw(st.sampled_from(["random", "random", "extremes"]))
-    if extremes == "extremes":
+    kind = draw(st.sampled_from(["random", "random", "extremes", "one-hot", "one-hot and a dense row"]))
+    zero_point = draw(st.sampled_from([0, int(info.min), int(info.max), int(rng.integers(info.min, info.max + 1))]))
+    weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    if kind == "extremes":
         src = np.full(leading + (k,), info.max, src_dtype)
         weights = rng.choice(np.array([-128, 127], np.int8), (k, n))
+    elif kind.startswith("one-hot"):  # rows of the zero point but for one value, or none (the engine's gather)
+        src = np.full(leading + (k,), zero_point, src_dtype).reshape(-1, k)
+        hot = rng.random(len(src)) < 0.8
+        src[hot, rng.integers(0, k, hot.sum())] = rng.integers(info.min, int(info.max) + 1, hot.sum())
+        if kind.endswith("dense row"):  # the kernel then runs every row
+            src[rng.integers(0, len(src))] = rng.integers(info.min, int(info.max) + 1, k)
+        src = src.reshape(leading + (k,))
     else:
         src = rng.integers(info.min, int(info.max) + 1, leading + (k,)).astype(src_dtype)
-        weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
-    zero_point = draw(st.sampled_from([0, int(info.min), int(info.max), int(rng.integers(info.min, info.max + 1))]))
     return src, weights, zero_point, rng
 
 
@@ -209,3 +216,26 @@ def test_weights_past_the_caches_read_as_int8_give_the_same_values(layer):
         reference = matmul_reference(src, 0, weights, 0)
     assert np.array_equal(accumulators, reference)
     assert np.array_equal(values, output_stage(reference.astype(np.int32), multiplier, None, (), None, np.int32(0), 0, 255, axis=-1))
+
+
+@pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
+                    reason="this CPU has no AVX2, which the gather of weight rows is written for")
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_one_hot_source_is_a_gather_of_weight_rows(route):
+    """magika's bytes as a one-hot of 257 classes times its first Dense: each row of the source is its zero
+    point but for one value (or none), so the engine adds one weight row per source row instead of all K,
+    on any route; the same accumulators and output stage. A row of two values sends it to the kernel."""
+    rng = np.random.default_rng(23)
+    k, n, rows, zero_point = 257, 128, 600, 3
+    weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    src = np.full((rows, k), zero_point, np.uint8)
+    src[np.arange(rows - 1), rng.integers(0, k, rows - 1)] = 255  # the last row: zero points only
+    multiplier = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    matmul = lpt.native.MatMul(weights, src_zero_point=zero_point, multiplier=multiplier, dst_scale=np.float32(0.05),
+                               dst_zero_point=2, dst_dtype=np.uint8, route=route, threads=2)
+    for source, implementation in ((src, "lpt:rows_avx2"), (np.vstack([src, np.full((1, k), 9, np.uint8)]), None)):
+        acc = matmul_reference(source, zero_point, weights, 0).astype(np.int32)
+        assert np.array_equal(matmul.accumulate(source), acc)
+        expected = output_stage(acc, multiplier, None, (), np.float32(0.05), np.int32(2), 0, 255, axis=-1)
+        assert np.array_equal(matmul(source), expected)
+        assert (matmul.implementation == "lpt:rows_avx2") == (implementation is not None)
