@@ -629,3 +629,42 @@ def test_slices_of_float_and_8_bit_values_are_lpts_steps_with_onnxruntimes_value
     if lpt.native.available():
         [program] = plan.run_steps
         assert program.run.native, "the program gave way to its steps"
+
+
+def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
+    """magika's LayerNorm as jax2tf writes it, over axis 1 of [N, C, T] after a layer: the sums of x and x·x,
+    the mean square less the squared mean, Max(0, ·), Reshapes and Expands to [N, 1, T], +ε, Sqrt, Reciprocal,
+    ·γ, (x − mean)·that + β: one step of lpt's in the native program, whose values are those of the nineteen
+    ops one at a time (the channels' sums in order), and onnxruntime's within an LSB at the next quantize."""
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 8), axis=1)])  # [N, 6, 8]
+    square = g.op("Mul", [x, x])
+    factor = g.const(np.float32(1 / 6))
+    mean = g.op("Mul", [g.op("ReduceSum", [x, g.const(np.int64([1]))], keepdims=0), factor])
+    second = g.op("Mul", [g.op("ReduceSum", [square, g.const(np.int64([1]))], keepdims=0), factor])
+    positive = g.op("Max", [g.const(np.float32(0)), g.op("Sub", [second, g.op("Mul", [mean, mean])])])
+    keep, across = g.const(np.int64([0, 1, 8])), g.const(np.int64([1, 1, 8]))  # Reshape's 0 keeps N
+    variance = g.op("Expand", [g.op("Reshape", [positive, keep]), across])
+    inverse = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [variance, g.const(np.float32(1e-6))])])])
+    scale = g.op("Mul", [inverse, g.const(np.linspace(0.5, 2, 6).astype(np.float32).reshape(1, 6, 1))])
+    centered = g.op("Sub", [x, g.op("Expand", [g.op("Reshape", [mean, keep]), across])])
+    normed = g.op("Add", [g.op("Mul", [centered, scale]), g.const(np.linspace(-1, 1, 6).astype(np.float32).reshape(1, 6, 1))])
+    g.op("MatMul", [g.fq(normed, 0.02, np.uint8(128)), g.weight((8, 3), axis=1)], name="y")
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": ["N", 6, 5]})
+    [norm] = [s for s in plan.steps if "ReduceSum" in s.op_types]
+    assert len(norm.op_types) == 19 and norm.native[0] == "moment_layer_norm"
+    x_values = RNG.uniform(-3, 3, (2, 6, 5)).astype(np.float32)
+    run_against_numpy_and_onnxruntime(fq_model, int8, plan, x_values, atol=0.05)
+    values = compile_model(int8, native=False).run({"x": x_values}, keep=True)
+    source, factor = values[norm.inputs[0]], np.float32(1 / 6)
+    s1, s2 = np.zeros_like(source[:, :1]), np.zeros_like(source[:, :1])
+    for c in range(6):
+        s1, s2 = s1 + source[:, c:c + 1], s2 + source[:, c:c + 1] * source[:, c:c + 1]
+    m = s1 * factor
+    one_by_one = (source - m) * (np.reciprocal(np.sqrt(np.maximum(np.float32(0), s2 * factor - m * m) + np.float32(1e-6)))
+                                 * np.linspace(0.5, 2, 6).astype(np.float32).reshape(1, 6, 1)) \
+        + np.linspace(-1, 1, 6).astype(np.float32).reshape(1, 6, 1)
+    np.testing.assert_array_equal(values[norm.outputs[0]], one_by_one)
+    if lpt.native.available():
+        [program] = [s for s in plan.run_steps if s.backend == "int8 kernel"]
+        assert program.run.native, "the program gave way to its steps"

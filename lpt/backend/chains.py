@@ -234,6 +234,77 @@ def read_tanh_gelu(cube: ir.Node) -> tuple[tuple[float, float, float, float], ir
     return tuple(values), x, chain + [last]
 
 
+def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Node]] | None:
+    """jax2tf's LayerNorm (flax's) over axis 1 of x [N, C, T], from ReduceSum(x), as kernels.moment_layer_norm
+    computes it, op for op (a Mul's or an Add's operands in either order):
+
+        m = ReduceSum(x)·f, Max(0, ReduceSum(x·x)·f − m·m) → Reshape → Expand → + ε → Sqrt → Reciprocal → ·γ
+        (x − Expand(Reshape(m)))·that + β        (sums keepdims 0; the Reshapes and Expands to [N, 1, T])
+
+    ((f, ε, γ [C], β [C]), x and the nineteen nodes), or None for any other shape of it. The shapes the
+    Reshapes and Expands are given are computed in the graph: their results' inferred shapes must say [N, 1, T]."""
+    def summed_over_channels(node):
+        axes = const_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        return node.op_type == "ReduceSum" and axes is not None and axes.reshape(-1).tolist() == [1] and \
+            attribute(node, "keepdims", 1) == 0
+
+    def other(node, value):  # the operand of a two-input node that is not `value`
+        return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+    def only(value, op_type, operand=None):  # the one reader of `value`, of `op_type`, whose other operand is `operand`
+        node = only_consumer(value, (op_type,))
+        return node if node is not None and (operand is None or other(node, value) is operand) else None
+
+    x = sum_x.inputs[0]
+    if not summed_over_channels(sum_x) or x.shape is None or len(x.shape) != 3 or not isinstance(x.shape[1], int):
+        return None
+    square = next((n for n in x.consumers() if n.op_type == "Mul" and n.inputs[0] is x and n.inputs[1] is x), None)
+    sum_squares = only(square.outputs[0], "ReduceSum") if square is not None else None
+    mean, second = only(sum_x.outputs[0], "Mul"), only(sum_squares.outputs[0], "Mul") if sum_squares else None
+    if sum_squares is None or not summed_over_channels(sum_squares) or mean is None or second is None:
+        return None
+    factor = _scalar(other(mean, sum_x.outputs[0]))
+    if factor is None or _scalar(other(second, sum_squares.outputs[0])) != factor:
+        return None
+    readers = list(mean.outputs[0].consumers())
+    mean_square = next((n for n in readers if n.op_type == "Mul" and n.inputs[0] is n.inputs[1]), None)
+    mean_reshape = next((n for n in readers if n.op_type == "Reshape" and n.inputs[0] is mean.outputs[0]), None)
+    if len(readers) != 2 or mean.outputs[0].is_graph_output() or mean_square is None or mean_reshape is None:
+        return None
+    variance = only(second.outputs[0], "Sub", mean_square.outputs[0])
+    if variance is None or variance.inputs[0] is not second.outputs[0] or only(mean_square.outputs[0], "Sub") is None:
+        return None
+    positive = only(variance.outputs[0], "Max")
+    if positive is None or len(positive.inputs) != 2 or _scalar(other(positive, variance.outputs[0])) != 0.0:
+        return None
+    chain = [positive]
+    for op_type in ("Reshape", "Expand", "Add", "Sqrt", "Reciprocal", "Mul"):
+        chain.append(only(chain[-1].outputs[0], op_type))
+        if chain[-1] is None or (op_type in ("Reshape", "Expand") and chain[-1].inputs[0] is not chain[-2].outputs[0]):
+            return None
+    _, variance_reshape, variance_expand, add_epsilon, _, _, scale_mul = chain
+    epsilon = _scalar(other(add_epsilon, variance_expand.outputs[0]))
+    mean_expand = only(mean_reshape.outputs[0], "Expand")
+    centered = only(mean_expand.outputs[0], "Sub") if mean_expand is not None else None
+    if epsilon is None or centered is None or centered.inputs[0] is not x or mean_expand.inputs[0] is not mean_reshape.outputs[0]:
+        return None
+    scaled = only(centered.outputs[0], "Mul", scale_mul.outputs[0])
+    if scaled is None or only(scale_mul.outputs[0], "Mul") is not scaled:
+        return None
+    shift = only(scaled.outputs[0], "Add")
+    channels = x.shape[1]
+    gamma, beta = const_array(other(scale_mul, chain[-2].outputs[0])), const_array(other(shift, scaled.outputs[0])) \
+        if shift is not None else None
+    expanded = (x.shape[0], 1, x.shape[2])
+    if gamma is None or beta is None or gamma.shape != (1, channels, 1) or beta.shape != (1, channels, 1) or \
+            shift.outputs[0].dtype != ir.DataType.FLOAT or \
+            any(tuple(n.outputs[0].shape or ()) != expanded for n in (variance_reshape, variance_expand, mean_reshape, mean_expand)):
+        return None
+    nodes = [sum_x, square, sum_squares, second, mean, mean_square, variance, *chain, mean_reshape, mean_expand,
+             centered, scaled, shift]
+    return (factor, epsilon, gamma.reshape(-1).astype(np.float32), beta.reshape(-1).astype(np.float32)), x, nodes
+
+
 def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     """The GELU of `value` as a post-op: its Div and its Mul by x read `value`, and nothing else does."""
     readers = list(value.consumers())

@@ -27,6 +27,8 @@ the same bits:
     Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
+    ReduceSum, Mul, ... (19 ops) kernels.moment_layer_norm        "moment_layer_norm" (jax2tf's LayerNorm over
+                                                                    axis 1, chains.read_moment_layer_norm)
     ReduceMean (the positions)   kernels.global_average_pool      "mean"
     ReduceMean (the last axis)   kernels.mean_over_last_axis      "mean_last_axis"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
@@ -53,7 +55,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import read_gelu, read_post_op, read_tanh_gelu
+from lpt.backend.chains import read_gelu, read_moment_layer_norm, read_post_op, read_tanh_gelu
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -77,7 +79,7 @@ def _float_step(run, inputs, node, native) -> tuple:
 # run time, one such step at the range's end moves every value's level: measured on ddddocr_common_old_dynq
 # (already quantized that way), lpt's Sigmoid took its output from onnxruntime's bits to 39.5 dB of them.
 OWN_FLOAT_RESULTS = ("GlobalAveragePool", "AveragePool", "ReduceMean", "Sigmoid", "Tanh", "Erf", "Softmax",
-                     "LayerNormalization", "BatchNormalization")
+                     "LayerNormalization", "BatchNormalization", "ReduceSum")
 
 
 def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
@@ -145,6 +147,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         (cube, root, one, half), source, chain = found
         return _step(lambda a: [kernels.tanh_gelu(a, cube, root, one, half)], [source], chain,
                      native=("tanh_gelu", (cube, root, one, half)), backend=BACKEND)
+    if own_results and node.op_type in ("ReduceSum", "Mul") and (fused := _moment_layer_norm(node)) is not None:
+        return fused
     if node.op_type in _BINARY and len(node.inputs) == 2:
         operation, name = _BINARY[node.op_type]
         # the engine's broadcasts; where a shape is not known (after a Squeeze of every 1, say), numpy's
@@ -171,6 +175,22 @@ def _global_max_pool(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     extreme = kernels.extreme_over_middle_axes(np.moveaxis(x.reshape(x.shape[:2] + (-1,)), 1, -1), keepdims=False)
     return extreme.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+
+
+def _moment_layer_norm(node: ir.Node) -> tuple | None:
+    """jax2tf's LayerNorm (chains.read_moment_layer_norm) as one step, from the first of its nodes the plan
+    meets: the ReduceSum of x or the Mul of x by x (its other ReduceSum)."""
+    x = node.inputs[0]
+    if node.op_type == "Mul":
+        if len(node.inputs) != 2 or node.inputs[1] is not x:
+            return None
+        node = next((n for n in x.consumers() if n.op_type == "ReduceSum" and n.inputs[0] is x), None)
+    found = read_moment_layer_norm(node) if node is not None else None
+    if found is None:
+        return None
+    (factor, epsilon, scale, bias), source, chain = found
+    return _step(lambda a: [kernels.moment_layer_norm(a, factor, epsilon, scale, bias)], [source], chain,
+                 native=("moment_layer_norm", (factor, epsilon, scale, bias)), backend=BACKEND)
 
 
 def _gelu(div: ir.Node) -> tuple | None:

@@ -196,7 +196,9 @@ def _between_int8_steps(node: ir.Node, claimed: set[int], constants: dict, own_r
     if all(id(p) in claimed for p in producers):
         return True
     readers = [user for v in node.outputs for user, _ in v.uses()]
-    return all(reader.op_type in _QUANTIZES or try_float_step(reader, own_results) is not None for reader in readers)
+    steps = [try_float_step(reader, own_results) for reader in readers]
+    taken = {id(n) for step in steps if step is not None for n in step[1]}  # a reader's step may take others
+    return all(reader.op_type in _QUANTIZES or id(reader) in taken for reader in readers)
 
 
 _QUANTIZES = ("QuantizeLinear", "Quantize")  # an int8 step starts there

@@ -136,6 +136,23 @@ def layer_norm(x, scale, bias=None, epsilon=1e-5) -> np.ndarray:
     return y if bias is None else y + np.asarray(bias, np.float32)
 
 
+def moment_layer_norm(x, factor, epsilon, scale, bias) -> np.ndarray:
+    """LayerNorm over axis 1 of float32 [N, C, T] as jax2tf writes flax's, from the first two moments:
+    s1 = Σ x and s2 = Σ x·x (the C values added in order), mean = s1·factor, variance = max(0, s2·factor −
+    mean·mean), then y = (x − mean)·(1 / sqrt(variance + epsilon)·scale[c]) + bias[c], each a float32
+    operation. The max keeps a NaN and gives +0 for −0. onnxruntime adds its sums in its own order."""
+    x = np.asarray(x, dtype=np.float32)
+    factor, epsilon = np.float32(factor), np.float32(epsilon)
+    s1 = np.add.accumulate(x, axis=1)[:, -1:]
+    s2 = np.add.accumulate(x * x, axis=1)[:, -1:]
+    mean = s1 * factor
+    difference = s2 * factor - mean * mean
+    variance = np.where(np.isnan(difference) | (difference > 0), difference, np.float32(0))
+    inverse = np.float32(1) / np.sqrt(variance + epsilon)
+    channel = (slice(None), None)
+    return (x - mean) * (inverse * np.asarray(scale, np.float32)[channel]) + np.asarray(bias, np.float32)[channel]
+
+
 def mean_over_last_axis(x, keepdims: bool) -> np.ndarray:
     """ReduceMean over the last axis of float32: the values added in lanes (sum_in_lanes), divided by their count."""
     x = np.asarray(x, dtype=np.float32)

@@ -1132,7 +1132,7 @@ enum class Code {
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, tanh_gelu,
     sqrt, affine,
     binary,
-    concat, softmax, layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
+    concat, softmax, layer_norm, moment_layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
     pad, slice,  // values of any type
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
@@ -1163,7 +1163,8 @@ struct Instruction {
     std::vector<int64_t> shape;
     bool allow_zero = false;
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
-    float epsilon = 0;               // layer_norm
+    float epsilon = 0;               // layer_norm, moment_layer_norm
+    float factor = 0;                // moment_layer_norm: 1 / the count
     bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
     bool smallest = false;           // extreme_middle: a min, not a max
     float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
@@ -1801,6 +1802,16 @@ void step(Program &program, const Instruction &ins) {
             }
             break;
         }
+        case Code::moment_layer_norm: {  // over axis 1 of [N, C, T]
+            if (a.type != 'f' || a.dims.size() != 3 || a.dims[1] != (int64_t)ins.gamma.size())
+                throw Unsupported("a layer norm over axis 1 of other than float32 [N, C, T] of its channels");
+            const float *in = static_cast<const float *>(channels_first(a, program));
+            out.dims = a.dims;
+            float *o = static_cast<float *>(out.allocate('f', a.count()));
+            lpt_ops::moment_layer_norm(in, a.dims[0], a.dims[1], a.dims[2], ins.factor, ins.epsilon, ins.gamma.data(),
+                                       ins.beta.data(), o, program.threads);
+            break;
+        }
         case Code::mean_last_axis: {
             if (a.type != 'f' || a.dims.empty() || a.dims.back() == 0) throw Unsupported("a mean of other than float32 rows");
             const float *in = static_cast<const float *>(channels_first(a, program));
@@ -2157,6 +2168,14 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 std::sort(sorted.begin(), sorted.end());
                 for (size_t i = 0; i < sorted.size(); ++i)
                     if (sorted[i] != (int64_t)i) throw std::invalid_argument("a transpose's perm must order the axes");
+            } else if (k == "moment_layer_norm") {  // (factor, epsilon, scale, bias)
+                PyObject *scale, *bias;
+                ins.code = Code::moment_layer_norm;
+                parsed = PyArg_ParseTuple(extra, "ffOO", &ins.factor, &ins.epsilon, &scale, &bias);
+                if (parsed) ins.gamma = float_vector(scale, "layer norm's scale");
+                if (parsed) ins.beta = float_vector(bias, "layer norm's bias");
+                if (parsed && ins.gamma.size() != ins.beta.size())
+                    throw std::invalid_argument("a layer norm's scale and bias need one value per channel");
             } else if (k == "layer_norm") {  // (scale, bias or None, epsilon)
                 PyObject *scale, *bias;
                 ins.code = Code::layer_norm;

@@ -567,4 +567,32 @@ void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, con
     });
 }
 
+void moment_layer_norm(const float *x, int64_t images, int64_t channels, int64_t positions, float factor,
+                       float epsilon, const float *scale, const float *bias, float *out, int threads) {
+    constexpr int64_t BLOCK = 64;  // positions at a time: their sums stay in registers while the channels pass
+    const int64_t blocks = (positions + BLOCK - 1) / BLOCK;
+    const int loop_threads = images * channels * positions >= PARALLEL_WORK ? threads : 1;
+    lpt_parallel::for_each(loop_threads, images * blocks, [=](int64_t task) {
+        const int64_t n = task / blocks, first = task % blocks * BLOCK, count = std::min(BLOCK, positions - first);
+        const float *image = x + n * channels * positions + first;
+        float *y = out + n * channels * positions + first;
+        float s1[BLOCK] = {}, s2[BLOCK] = {}, mean[BLOCK], inverse[BLOCK];
+        for (int64_t c = 0; c < channels; ++c)
+            for (int64_t t = 0; t < count; ++t) {
+                const float v = image[c * positions + t];
+                s1[t] += v;
+                s2[t] += v * v;
+            }
+        for (int64_t t = 0; t < count; ++t) {
+            mean[t] = s1[t] * factor;
+            const float difference = s2[t] * factor - mean[t] * mean[t];
+            const float variance = 0.0f >= difference ? 0.0f : difference;  // a NaN fails the test: kept
+            inverse[t] = 1.0f / std::sqrt(variance + epsilon);
+        }
+        for (int64_t c = 0; c < channels; ++c)
+            for (int64_t t = 0; t < count; ++t)
+                y[c * positions + t] = (image[c * positions + t] - mean[t]) * (inverse[t] * scale[c]) + bias[c];
+    });
+}
+
 }  // namespace lpt_ops

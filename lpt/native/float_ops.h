@@ -78,4 +78,10 @@ void square_root(const float *x, int64_t n, float *out, int threads);
 void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, const float *bias, float epsilon,
                 float *out, int threads);
 
+// jax2tf's LayerNorm over axis 1 of [images, channels, positions] (kernels.moment_layer_norm): per position,
+// s1 = Σ x and s2 = Σ x·x over the channels in order, mean = s1·factor, variance = max(0, s2·factor − mean²)
+// (NaN kept, +0 for −0), y = (x − mean)·(1 / sqrt(variance + epsilon)·scale[c]) + bias[c].
+void moment_layer_norm(const float *x, int64_t images, int64_t channels, int64_t positions, float factor,
+                       float epsilon, const float *scale, const float *bias, float *out, int threads);
+
 }  // namespace lpt_ops

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import lpt.native
 from lpt.backend.int8_steps import slice_range
-from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, relu,
-                         slope_and_clip, softmax, tanh_gelu)
+from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1,
+                         mean_over_last_axis, moment_layer_norm, relu, slope_and_clip, softmax, tanh_gelu)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import quantize
 from lpt.native.program import Program
@@ -47,7 +47,7 @@ def source(rng, shape, layout, special=False):
         if special:
             x.reshape(-1)[:SPECIAL.size] = SPECIAL[: x.size]
         return [], {"x": x}, x
-    weights = rng.integers(-128, 128, (shape[1], shape[1], 1, 1)).astype(np.int8)
+    weights = rng.integers(-128, 128, (shape[1], shape[1]) + (1,) * (len(shape) - 2)).astype(np.int8)
     conv = lpt.native.Conv(weights, src_zero_point=128, multiplier=np.float32(0.003), threads=1)
     q = rng.integers(0, 256, shape).astype(np.uint8)
     return [("layer", ["q"], "x", conv.instruction[1])], {"q": q}, conv(q)
@@ -155,6 +155,38 @@ def test_tanh_gelu_is_lpts_kernel_and_its_nine_ops_one_by_one(layout):
         one_by_one = x * (half * (one + tanh(root * (x + x * (x * (cube * x))))))
     assert same_bits(y, tanh_gelu(x, *constants))
     assert same_bits(y, one_by_one)
+
+
+def moments_one_by_one(x, factor, epsilon, scale, bias):
+    """jax2tf's LayerNorm over axis 1, op by op, the channels' sums added in order."""
+    s1, s2 = np.zeros_like(x[:, :1]), np.zeros_like(x[:, :1])
+    for c in range(x.shape[1]):
+        s1, s2 = s1 + x[:, c:c + 1], s2 + x[:, c:c + 1] * x[:, c:c + 1]
+    mean = s1 * factor
+    difference = s2 * factor - mean * mean
+    positive = np.where(np.isnan(difference) | (difference > 0), difference, np.float32(0))  # Max(0, ·), NaN kept
+    return (x - mean) * (np.reciprocal(np.sqrt(positive + epsilon)) * scale[None, :, None]) + bias[None, :, None]
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_a_moment_layer_norm_is_lpts_kernel_and_its_ops_one_by_one(layout):
+    """The "moment_layer_norm" instruction against lpt.kernels.moment_layer_norm and jax2tf's ops one at a time,
+    over 70 positions (a block of 64 and part of one), with NaN, ±inf, ±0, values whose squares overflow and
+    a position of equal values (a variance of exactly 0, or below it by rounding: the max gives 0)."""
+    rng = np.random.default_rng(15)
+    factor, epsilon = np.float32(1 / 7), np.float32(1e-6)
+    scale, bias = rng.normal(1, 0.5, 7).astype(np.float32), rng.normal(0, 0.5, 7).astype(np.float32)
+    make, feeds, x = source(rng, (2, 7, 70), layout, special=True)
+    if layout == "channels_first":
+        x[1, :, 3], x[1, :, 4] = np.float32(0.1), np.float32(-2.7)
+    program = Program(make + [("moment_layer_norm", ["x"], "y", (float(factor), float(epsilon), scale, bias))],
+                      list(feeds), ["y"], threads=2)
+    [y] = program(*feeds.values())
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert same_bits(y, moment_layer_norm(x, factor, epsilon, scale, bias))
+        assert same_bits(y, moments_one_by_one(x, factor, epsilon, scale, bias))
+    if layout == "channels_first":  # the special values: a NaN spreads over its position; equal values do not
+        assert np.isnan(y[0, :, 0]).all() and np.isfinite(y[1, :, 3:5]).all()
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
