@@ -256,7 +256,8 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
         return node if node is not None and (operand is None or other(node, value) is operand) else None
 
     x = sum_x.inputs[0]
-    if not summed_over_channels(sum_x) or x.shape is None or len(x.shape) != 3 or not isinstance(x.shape[1], int):
+    if not summed_over_channels(sum_x) or x.shape is None or len(x.shape) != 3 or not isinstance(x.shape[1], int) or \
+            x.shape[1] < 1:
         return None
     square = next((n for n in x.consumers() if n.op_type == "Mul" and n.inputs[0] is x and n.inputs[1] is x), None)
     sum_squares = only(square.outputs[0], "ReduceSum") if square is not None else None
@@ -297,12 +298,13 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
         if shift is not None else None
     expanded = (x.shape[0], 1, x.shape[2])
     if gamma is None or beta is None or gamma.shape != (1, channels, 1) or beta.shape != (1, channels, 1) or \
+            gamma.dtype != np.float32 or beta.dtype != np.float32 or \
             shift.outputs[0].dtype != ir.DataType.FLOAT or \
             any(tuple(n.outputs[0].shape or ()) != expanded for n in (variance_reshape, variance_expand, mean_reshape, mean_expand)):
         return None
     nodes = [sum_x, square, sum_squares, second, mean, mean_square, variance, *chain, mean_reshape, mean_expand,
              centered, scaled, shift]
-    return (factor, epsilon, gamma.reshape(-1).astype(np.float32), beta.reshape(-1).astype(np.float32)), x, nodes
+    return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes
 
 
 def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
