@@ -69,7 +69,8 @@ class _Operation:
 
     @property
     def implementation(self) -> str:
-        """The oneDNN implementation of the primitive last prepared (e.g. brg:avx512_core_vnni), '' before a run."""
+        """What computed the last run: the oneDNN implementation (e.g. brg:avx512_core_vnni) or lpt's (lpt:s16_avx2,
+        lpt:rows_avx2 for a one-hot's gather of weight rows), '' before a run."""
         return engine.implementation(self._operation)
 
     def _check_src(self, src: np.ndarray, src_zero_point: int | None) -> int:
