@@ -81,8 +81,8 @@ void Pool::wait_for_loop(uint64_t seen) {
 // parts them, milliseconds later: oww_embedding_model's 0.6 ms runs took 0.9-2.3 ms for 15 runs so,
 // after the process idled 0.1 s. Such a worker moves itself to another of the CPUs it may run on
 // (pinned for the move, then allowed all of them again). Blocks of 20 ms of runs after 0.1 s idle,
-// alternating 60 times in one process: oww_embedding_model 1.39 -> 0.93 ms, dnsmos_p808 7.5 -> 6.2 ms,
-// magika and the PaddleOCR recognizer unchanged.
+// alternating in one process: oww_embedding_model 1.39 -> 0.93 ms (60 rounds, twice), dnsmos_p808 7.5 -> 6.2 ms
+// (30), magika and the PaddleOCR recognizer unchanged (30).
 void Pool::step_aside() const {
     const int here = sched_getcpu(), caller = caller_cpu.load(std::memory_order_relaxed);
     if (here < 0 || here != caller) return;
