@@ -734,9 +734,12 @@ Layout layout_of(const Py_buffer &v) {
 bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool signed_src, int zero_point, int64_t rows,
                               Dst dst, void *out) {
     const int64_t k = op.in_channels, n = op.out_channels;
+    const uint8_t zero = (uint8_t)zero_point;  // as a byte: an int8 zero point in two's complement
+    // Every matmul comes here first: a dense source leaves at its first row, before any allocation or
+    // any wake of the pool's workers.
+    if (rows > 0 && lpt_s16::single_other_byte(src, k, zero) == -2) return false;
     std::vector<int64_t> at(rows);  // each row's one value's place, or −1: a row of zero points
     std::atomic<bool> dense{false};
-    const uint8_t zero = (uint8_t)zero_point;  // as a byte: an int8 zero point in two's complement
     lpt_parallel::for_each(rows * k >= PARALLEL_WORK ? op.threads : 1, rows, [=, &at, &dense](int64_t r) {
         if (dense.load(std::memory_order_relaxed)) return;
         at[r] = lpt_s16::single_other_byte(src + r * k, k, zero);
