@@ -11,6 +11,7 @@ from lpt.backend import compile_model
 from lpt.crosscheck import run_onnxruntime
 from lpt.normalize import normalize
 from tests.graphs import ir_model, model
+from tests.native.test_native_float_ops import moments_one_by_one
 from tests.transformations.builders import RNG, Graph
 
 
@@ -656,14 +657,8 @@ def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
     x_values = RNG.uniform(-3, 3, (2, 6, 5)).astype(np.float32)
     run_against_numpy_and_onnxruntime(fq_model, int8, plan, x_values, atol=0.05)
     values = compile_model(int8, native=False).run({"x": x_values}, keep=True)
-    source, factor = values[norm.inputs[0]], np.float32(1 / 6)
-    s1, s2 = np.zeros_like(source[:, :1]), np.zeros_like(source[:, :1])
-    for c in range(6):
-        s1, s2 = s1 + source[:, c:c + 1], s2 + source[:, c:c + 1] * source[:, c:c + 1]
-    m = s1 * factor
-    one_by_one = (source - m) * (np.reciprocal(np.sqrt(np.maximum(np.float32(0), s2 * factor - m * m) + np.float32(1e-6)))
-                                 * np.linspace(0.5, 2, 6).astype(np.float32).reshape(1, 6, 1)) \
-        + np.linspace(-1, 1, 6).astype(np.float32).reshape(1, 6, 1)
+    one_by_one = moments_one_by_one(values[norm.inputs[0]], np.float32(1 / 6), np.float32(1e-6),
+                                    np.linspace(0.5, 2, 6).astype(np.float32), np.linspace(-1, 1, 6).astype(np.float32))
     np.testing.assert_array_equal(values[norm.outputs[0]], one_by_one)
     if lpt.native.available():
         [program] = [s for s in plan.run_steps if s.backend == "int8 kernel"]
