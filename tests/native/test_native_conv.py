@@ -129,6 +129,33 @@ def test_a_depthwise_convolution_over_several_blocks_of_sixteen_channels(route, 
     assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("channels", [24, 17, 40])
+@pytest.mark.parametrize("kernel, strides, pads", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (1, 1), (0, 0, 1, 1)),
+                                                   ((1, 3), (1, 1), (0, 1, 0, 1))])
+def test_a_last_block_of_at_most_eight_channels_with_the_block_before_it(route, channels, kernel, strides, pads):
+    """Past 16 output channels (conv_cases draws at most 6 a group), a last block of at most eight: s16 walks
+    it with the block before it as one tile of 24 channels. Accumulators and the output stage equal the
+    reference in both layouts, at the extremes (255·127 and 255·−128 on every tap, in the first and the
+    last channels), over maps whose positions end in a partial tile."""
+    rng = np.random.default_rng(channels)
+    weights = rng.integers(-128, 128, (channels, 5) + kernel).astype(np.int8)
+    weights[0], weights[-1] = 127, -128
+    src = rng.integers(0, 256, (2, 5, 9, 11)).astype(np.uint8)
+    src[0] = 255
+    window = dict(strides=strides, pads=pads)
+    expected = conv_reference(src, weights, 0, **window)
+    multiplier = rng.uniform(1e-5, 4e-5, channels).astype(np.float32)
+    stage = dict(multiplier=multiplier, post_ops=(Relu(),), dst_scale=np.float32(0.02), dst_zero_point=np.int32(3))
+    conv = lpt.native.Conv(weights, src_zero_point=0, route=route, threads=2, dst_dtype=np.uint8, **stage, **window)
+    assert np.array_equal(conv.accumulate(src), expected)
+    assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
+    levels = output_stage(expected.astype(np.int32), bias=None, qmin=0, qmax=255, **stage)
+    assert 0 < np.count_nonzero(levels == 255) < levels.size  # the first channel saturates, not all do
+    assert same_bits(conv(src), levels)
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), levels)
+
+
 DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
     (None, 0, None, None, None),
     (0.05, 3, np.uint8, None, None),
