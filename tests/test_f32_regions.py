@@ -96,6 +96,38 @@ def test_a_region_of_small_tensors_between_lpts_steps_runs_on_one_thread(side, t
     np.testing.assert_allclose(plan.run({"x": x})["y"], run_onnxruntime(fq_model, {"x": x})["y"], atol=1e-3)
 
 
+@pytest.mark.parametrize("where", ["graph", "if branch", "none"])
+def test_a_region_with_a_recurrent_op_spins_only_while_it_runs(where):
+    """An LSTM after a layer (its output, 128 steps × 256, too large for one thread), directly or in an If's
+    branch, wakes the region's threads at each step: that region spins while it runs (RECURRENT_OPS); the
+    same region with a float32 MatMul in the LSTM's place does not. The values are onnxruntime's either way."""
+    g = Graph()
+    conv = g.fq(g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 1)), g.const(np.ones(4, np.float32))]),
+                0.03, np.uint8(128))
+    steps = g.op("Transpose", [conv], perm=[2, 0, 1])  # [T, N, C]
+    if where == "none":
+        g.op("MatMul", [steps, g.const(RNG.normal(0, 0.1, (4, 256)).astype(np.float32))], name="y")
+    else:
+        weights = [g.const(RNG.normal(0, 0.1, shape).astype(np.float32)) for shape in ((1, 1024, 4), (1, 1024, 256))]
+        lstm = helper.make_node("LSTM", [steps, *weights], ["y"], name="lstm", hidden_size=256)
+        if where == "graph":
+            g.nodes.append(lstm)
+        else:
+            branch = helper.make_graph([lstm], "recurrent", [], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+            g.nodes.append(helper.make_node("If", [g.const(np.array(True))], ["y_if"], name="if", then_branch=branch,
+                                            else_branch=branch))
+            g.op("Identity", ["y_if"], name="y")
+    shape = [128, 1, 256] if where == "none" else [128, 1, 1, 256]
+    _, fq_model = g.build({"x": [1, 3, 128]}, ["y"], output_shapes={"y": shape})
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8, threads=2)
+    [region] = [s for s in plan.steps if s.backend == "onnxruntime"]
+    assert region.run.threads == 2 and region.run.spin_while_running == (where != "none")
+    x = RNG.uniform(-2, 2, (1, 3, 128)).astype(np.float32)
+    np.testing.assert_allclose(plan.run({"x": x})["y"], run_onnxruntime(fq_model, {"x": x})["y"], atol=2e-3)
+
+
 def test_a_subgraph_reads_a_value_another_step_made():
     """An If whose branches read the int8 layer's output from the outer scope."""
     g = Graph()

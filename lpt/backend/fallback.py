@@ -91,12 +91,27 @@ def small_region(nodes: list[ir.Node], constants: dict[str, np.ndarray]) -> bool
     return count < SMALL_REGION_WEIGHTS
 
 
+# A recurrent op runs its parallel work once per time step, one step after the other: sleeping threads
+# are woken at each. A region holding one (its subgraphs counted) spins while it runs and stops when
+# the run ends, so the int8 kernels' threads keep the cores after it: ddddocr_common's bidirectional
+# LSTM region over 32 steps took 5.5 ms instead of 6.6-6.7, its plan 0.96 of its time (the median of 7
+# rounds alternating in one process, 0.88-1.03). Spinning after the run too made the plan 1.15x slower.
+RECURRENT_OPS = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")
+
+
+def holds_recurrent_op(nodes: list[ir.Node]) -> bool:
+    return any(inner.op_type in RECURRENT_OPS for node in nodes
+               for inner in [node, *(n for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH
+                                     for n in ir.traversal.RecursiveGraphIterator(a.value))])
+
+
 class RegionRunner:
     """Runs a region of f32 nodes as one onnxruntime session; `backend` says what ran it.
 
     With `alone` (the plan has no step of lpt's own), its threads spin between ops and after a run, as
     an onnxruntime session's do by default; else they sleep, and leave the cores to the int8 kernels'
-    threads, and a region of little work runs on one thread (small_region says why)."""
+    threads, and a region of little work runs on one thread (small_region says why), and a region with
+    a recurrent op spins only while it runs (RECURRENT_OPS says why)."""
 
     def __init__(self, nodes: list[ir.Node], opsets: dict[str, int], constants: dict[str, np.ndarray],
                  needed_outside: set[str], threads: int = 1, alone: bool = False):
@@ -105,6 +120,7 @@ class RegionRunner:
         if not alone and small_region(nodes, self._constants):
             threads = 1
         self.nodes, self.opsets, self.threads, self.alone = nodes, opsets, threads, alone
+        self.spin_while_running = not alone and threads > 1 and holds_recurrent_op(nodes)
         self._input_values = [v for v in external if v.name not in constants and v.name]
         self.input_names = [v.name for v in self._input_values]
         self.output_names = [v.name for n in nodes for v in n.outputs if v.name in needed_outside]
@@ -121,7 +137,7 @@ class RegionRunner:
     def _build(self, dtypes: list[ir.DataType]) -> None:
         proto = self._model(self.nodes, dtypes, self.output_names)
         try:
-            session = _session(proto, self.threads, self.alone)
+            session = _session(proto, self.threads, self.alone, self.spin_while_running)
         except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: split the region
             if len(self.nodes) == 1:
                 node, why = self.nodes[0], " ".join(str(err).split()) or type(err).__name__
@@ -191,16 +207,19 @@ def _failure(err: Exception, nodes: list[ir.Node]) -> str:
     return f"{where}: onnxruntime failed: {why[:300]}"
 
 
-def _session(proto: onnx.ModelProto, threads: int, alone: bool) -> ort.InferenceSession:
+def _session(proto: onnx.ModelProto, threads: int, alone: bool, spin_while_running: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     # more threads than cores gain nothing, and many thousands exhaust the machine
     options.intra_op_num_threads = min(threads, limits.cores())
     options.inter_op_num_threads = 1
     # Idle onnxruntime threads spin by default, and would steal the cores the int8 kernels' threads
     # run on between two regions. Spinning only within a run and stopping when it returns
-    # (force_spinning_stop) was measured too: 0.95-0.97x on ddddocr_common, silero_vad_16k_op15 and
-    # basic_pitch_nmp, but 1.22-1.57x on ddddocr_common_old_dynq's 60 small regions. A plan that is all
-    # onnxruntime spins as a plain session does (silero_vad's one region, in onnxruntime alone: 0.14 ms
-    # spinning, 0.17-0.19 with sleeping threads).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if alone else "0")
+    # (force_spinning_stop) in every region was measured too: 0.95-0.97x on ddddocr_common,
+    # silero_vad_16k_op15 and basic_pitch_nmp, but 1.22-1.57x on ddddocr_common_old_dynq's 60 small
+    # regions; a recurrent one spins so (RECURRENT_OPS). A plan that is all onnxruntime spins as a plain
+    # session does (silero_vad's one region, in onnxruntime alone: 0.14 ms spinning, 0.17-0.19 with
+    # sleeping threads).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if alone or spin_while_running else "0")
+    if spin_while_running:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
