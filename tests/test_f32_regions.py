@@ -639,6 +639,70 @@ def test_a_jax2tf_convolution_tail_is_lpts_with_the_bits_of_its_ops():
         assert program.run.native, "the program gave way to its steps"
 
 
+def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_path):
+    """magika's second LayerNorm: over axis 1 of [N, C], its Reshapes and Expands given [M, 1] computed from
+    another tensor's shape (here another input's), which shape inference (lpt.load's, propagating the
+    shape's values) cannot tie to N. It is one step of lpt's in the native program, with the ops' values
+    one at a time, when M is N at the run; when it is not, onnxruntime refuses the Reshape, and lpt says
+    why in one line."""
+    from lpt.errors import DataError
+
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 6), axis=1)])  # [N, 6]
+    rows = g.op("Concat", [g.op("Slice", [g.op("Shape", ["rows"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
+                           g.const(np.int64([1]))], axis=0)  # [M, 1]
+    factor = g.const(np.float32(1 / 6))
+    mean = g.op("Mul", [g.op("ReduceSum", [x, g.const(np.int64([1]))], keepdims=0), factor])
+    second = g.op("Mul", [g.op("ReduceSum", [g.op("Mul", [x, x]), g.const(np.int64([1]))], keepdims=0), factor])
+    positive = g.op("Max", [g.const(np.float32(0)), g.op("Sub", [second, g.op("Mul", [mean, mean])])])
+    variance = g.op("Expand", [g.op("Reshape", [positive, rows]), rows])
+    inverse = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [variance, g.const(np.float32(1e-6))])])])
+    gamma, beta = np.linspace(0.5, 2, 6).astype(np.float32), np.linspace(-1, 1, 6).astype(np.float32)
+    scale = g.op("Mul", [inverse, g.const(gamma.reshape(1, 6))])
+    centered = g.op("Sub", [x, g.op("Expand", [g.op("Reshape", [mean, rows]), rows])])
+    normed = g.op("Add", [g.op("Mul", [centered, scale]), g.const(beta.reshape(1, 6))])
+    g.op("MatMul", [g.fq(normed, 0.02, np.uint8(128)), g.weight((6, 3), axis=1)], name="y")
+    proto, _ = g.build({"x": ["N", 5], "rows": ["M", 2]}, ["y"])
+    onnx.save(proto, tmp_path / "norm.onnx")
+    fq_model = lpt.load(tmp_path / "norm.onnx")
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Shape", "Slice", "Concat")]
+    [norm] = [s for s in plan.steps if "ReduceSum" in s.op_types]
+    assert len(norm.op_types) == 19 and norm.native[0] == "moment_layer_norm"
+    feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
+    ours = plan.run(feeds)["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run(feeds)["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, feeds)["y"], atol=0.05)
+    values = compile_model(int8, native=False).run(feeds, keep=True)
+    np.testing.assert_array_equal(values[norm.outputs[0]],
+                                  moments_one_by_one(values[norm.inputs[0]], np.float32(1 / 6), np.float32(1e-6), gamma, beta))
+    if lpt.native.available():  # the layer norm's program and the layer's before the shapes' region
+        [program] = [s for s in plan.run_steps if "ReduceSum" in s.op_types]
+        assert program.run.native, "the program gave way to its steps"
+    feeds["rows"] = np.zeros((3, 2), np.float32)
+    with pytest.raises(Exception):
+        run_onnxruntime(fq_model, feeds)
+    with pytest.raises(DataError, match=r"LayerNorm's Reshape or Expand is given the shape \[\[3, 1\]\], not its input's \[4, 6\]"):
+        plan.run(feeds)
+
+
+@pytest.mark.parametrize("op_type, allow_zero, given, holds", [
+    ("Reshape", 0, [4, 1, 5], True), ("Reshape", 0, [0, 1, 5], True), ("Reshape", 0, [-1, 1, 5], True),
+    ("Reshape", 0, [4, 1, -1], True), ("Reshape", 1, [0, 1, 5], False), ("Reshape", 0, [3, 1, 5], False),
+    ("Reshape", 0, [4, 5], False), ("Reshape", 0, [-1, 1, -1], False),
+    ("Expand", 0, [4, 1, 5], True), ("Expand", 0, [1, 1, 5], True), ("Expand", 0, [1], True),
+    ("Expand", 0, [4, 2, 5], False), ("Expand", 0, [3, 1, 5], False), ("Expand", 0, [2, 4, 1, 5], False)])
+def test_a_layer_norms_computed_shapes_are_judged_by_onnxs_rules(op_type, allow_zero, given, holds):
+    """The shapes a jax2tf LayerNorm's Reshape (of a moment, [4, 5]) and Expand (of that, [4, 1, 5]) are given at
+    a run, for x [4, 6, 5]: a Reshape's 0 copies a dimension (not with allowzero), its −1 takes the rest, an
+    Expand broadcasts; each must leave [4, 1, 5]."""
+    from lpt.backend.float_steps import moment_layer_norm_shapes_hold
+
+    assert moment_layer_norm_shapes_hold((4, 6, 5), [(op_type, allow_zero, 0)], [np.array(given, np.int64)]) is holds
+
+
 @pytest.mark.parametrize("starts, ends, axes, steps", [
     ([1], [-1], [2], None),  # the last axis, from its second value to before its last
     ([-100, 7], [100, -100], [1, -1], [2, -3]),  # past both ends, negative steps and axes

@@ -234,15 +234,19 @@ def read_tanh_gelu(cube: ir.Node) -> tuple[tuple[float, float, float, float], ir
     return tuple(values), x, chain + [last]
 
 
-def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Node]] | None:
-    """jax2tf's LayerNorm (flax's) over axis 1 of x [N, C, T], from ReduceSum(x), as kernels.moment_layer_norm
-    computes it, op for op (a Mul's or an Add's operands in either order):
+def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Node], list[ir.Node]] | None:
+    """jax2tf's LayerNorm (flax's) over axis 1 of x [N, C, T] or [N, C], from ReduceSum(x), as
+    kernels.moment_layer_norm computes it, op for op (a Mul's or an Add's operands in either order):
 
         m = ReduceSum(x)·f, Max(0, ReduceSum(x·x)·f − m·m) → Reshape → Expand → + ε → Sqrt → Reciprocal → ·γ
         (x − Expand(Reshape(m)))·that + β        (sums keepdims 0; the Reshapes and Expands to [N, 1, T])
 
-    ((f, ε, γ [C], β [C]), x and the nineteen nodes), or None for any other shape of it. The shapes the
-    Reshapes and Expands are given are computed in the graph: their results' inferred shapes must say [N, 1, T]."""
+    ((f, ε, γ [C], β [C]), x, the nineteen nodes, and the Reshapes and Expands whose shapes the run must
+    check), or None for any other shape of it. The shapes the Reshapes and Expands are given are computed
+    in the graph: their results' inferred shapes must say [N, 1, T], but for the first dimension where
+    both it and x's are symbols that shape inference could not tie (magika's second LayerNorm, whose
+    shape comes from the model input's batch): that Reshape or Expand is returned, for its shape to be
+    compared with x's at each run (moment_layer_norm_shapes_hold)."""
     def summed_over_channels(node):
         axes = const_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         return node.op_type == "ReduceSum" and axes is not None and axes.reshape(-1).tolist() == [1] and \
@@ -256,8 +260,8 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
         return node if node is not None and (operand is None or other(node, value) is operand) else None
 
     x = sum_x.inputs[0]
-    if not summed_over_channels(sum_x) or x.shape is None or len(x.shape) != 3 or not isinstance(x.shape[1], int) or \
-            x.shape[1] < 1:
+    if not summed_over_channels(sum_x) or x.shape is None or len(x.shape) not in (2, 3) or \
+            not isinstance(x.shape[1], int) or x.shape[1] < 1:
         return None
     square = next((n for n in x.consumers() if n.op_type == "Mul" and n.inputs[0] is x and n.inputs[1] is x), None)
     sum_squares = only(square.outputs[0], "ReduceSum") if square is not None else None
@@ -296,15 +300,22 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
     channels = x.shape[1]
     gamma, beta = const_array(other(scale_mul, chain[-2].outputs[0])), const_array(other(shift, scaled.outputs[0])) \
         if shift is not None else None
-    expanded = (x.shape[0], 1, x.shape[2])
-    if gamma is None or beta is None or gamma.shape != (1, channels, 1) or beta.shape != (1, channels, 1) or \
-            gamma.dtype != np.float32 or beta.dtype != np.float32 or \
-            shift.outputs[0].dtype != ir.DataType.FLOAT or \
-            any(tuple(n.outputs[0].shape or ()) != expanded for n in (variance_reshape, variance_expand, mean_reshape, mean_expand)):
+    expanded, per_channel = (x.shape[0], 1, *x.shape[2:]), (1, channels) + (1,) * (len(x.shape) - 2)
+    if gamma is None or beta is None or gamma.shape != per_channel or beta.shape != per_channel or \
+            gamma.dtype != np.float32 or beta.dtype != np.float32 or shift.outputs[0].dtype != ir.DataType.FLOAT:
         return None
+    checked = []
+    for node in (variance_reshape, variance_expand, mean_reshape, mean_expand):
+        shape = tuple(node.outputs[0].shape or ())
+        untied = len(shape) == len(expanded) and shape[1:] == expanded[1:] and not isinstance(shape[0], int) and \
+            not isinstance(x.shape[0], int) and const_array(node.inputs[1]) is None
+        if shape != expanded and not untied:
+            return None
+        if shape != expanded:
+            checked.append(node)
     nodes = [sum_x, square, sum_squares, second, mean, mean_square, variance, *chain, mean_reshape, mean_expand,
              centered, scaled, shift]
-    return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes
+    return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes, checked
 
 
 def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:

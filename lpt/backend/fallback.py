@@ -207,7 +207,7 @@ def _failure(err: Exception, nodes: list[ir.Node]) -> str:
     return f"{where}: onnxruntime failed: {why[:300]}"
 
 
-def _session(proto: onnx.ModelProto, threads: int, alone: bool, spin_while_running: bool) -> ort.InferenceSession:
+def _session(proto: onnx.ModelProto, threads: int, alone: bool, spin_while_running: bool = False) -> ort.InferenceSession:
     options = ort.SessionOptions()
     # more threads than cores gain nothing, and many thousands exhaust the machine
     options.intra_op_num_threads = min(threads, limits.cores())

@@ -28,7 +28,8 @@ the same bits:
     Softmax (last axis)          kernels.softmax                  "softmax"
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
     ReduceSum, Mul, ... (19 ops) kernels.moment_layer_norm        "moment_layer_norm" (jax2tf's LayerNorm over
-                                                                    axis 1, chains.read_moment_layer_norm)
+                                                                    axis 1 of [N, C, T] or [N, C],
+                                                                    chains.read_moment_layer_norm)
     ReduceMean (the positions)   kernels.global_average_pool      "mean"
     ReduceMean (the last axis)   kernels.mean_over_last_axis      "mean_last_axis"
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
@@ -188,9 +189,43 @@ def _moment_layer_norm(node: ir.Node) -> tuple | None:
     found = read_moment_layer_norm(node) if node is not None else None
     if found is None:
         return None
-    (factor, epsilon, scale, bias), source, chain = found
-    return _step(lambda a: [kernels.moment_layer_norm(a, factor, epsilon, scale, bias)], [source], chain,
-                 native=("moment_layer_norm", (factor, epsilon, scale, bias)), backend=BACKEND)
+    (factor, epsilon, scale, bias), source, chain, checked = found
+    shapes = list(dict.fromkeys(n.inputs[1] for n in checked))  # the computed shapes to compare at each run
+    checks = [(n.op_type, attribute(n, "allowzero", 0), shapes.index(n.inputs[1])) for n in checked]
+    name = chain[0].name
+
+    def run(a, *given):
+        if not moment_layer_norm_shapes_hold(np.shape(a), checks, given):
+            raise DataError(f"node {name!r}: a LayerNorm's Reshape or Expand is given the shape "
+                            f"{[np.asarray(g).tolist() for g in given]}, not its input's {list(np.shape(a))} with 1 "
+                            "channel: lpt does not run that")
+        return [kernels.moment_layer_norm(a, factor, epsilon, scale, bias)]
+
+    return _step(run, [source, *shapes], chain, native=("moment_layer_norm", (factor, epsilon, scale, bias)),
+                 backend=BACKEND)
+
+
+def moment_layer_norm_shapes_hold(x_shape: tuple, checks: list[tuple[str, int, int]], given) -> bool:
+    """Whether each checked Reshape (of a moment, x's shape without its channels) and Expand (of that,
+    reshaped) gives x's shape with 1 channel, by ONNX's rules (a 0 copies a dimension unless allowzero,
+    a −1 is what the count leaves), from the shapes `given` at this run."""
+    expected = (x_shape[0], 1, *x_shape[2:])
+    moment = (x_shape[0], *x_shape[2:])
+    for op_type, allow_zero, index in checks:
+        shape = [int(v) for v in np.asarray(given[index]).reshape(-1)]
+        if op_type == "Reshape":
+            shape = [moment[i] if d == 0 and not allow_zero and i < len(moment) else d for i, d in enumerate(shape)]
+            known = int(np.prod([d for d in shape if d != -1]))
+            if shape.count(-1) == 1 and known and np.prod(moment) % known == 0:
+                shape[shape.index(-1)] = int(np.prod(moment)) // known
+        else:
+            try:
+                shape = list(np.broadcast_shapes(expected, tuple(shape)))
+            except ValueError:
+                return False
+        if tuple(shape) != expected:
+            return False
+    return True
 
 
 def _gelu(div: ir.Node) -> tuple | None:

@@ -137,7 +137,7 @@ def layer_norm(x, scale, bias=None, epsilon=1e-5) -> np.ndarray:
 
 
 def moment_layer_norm(x, factor, epsilon, scale, bias) -> np.ndarray:
-    """LayerNorm over axis 1 of float32 [N, C, T] as jax2tf writes flax's, from the first two moments:
+    """LayerNorm over axis 1 of float32 [N, C, T] or [N, C] as jax2tf writes flax's, from the first two moments:
     s1 = Σ x and s2 = Σ x·x (the C values added in order), mean = s1·factor, variance = max(0, s2·factor −
     mean·mean), then y = (x − mean)·(1 / sqrt(variance + epsilon)·scale[c]) + bias[c], each a float32
     operation. The max keeps a NaN and gives +0 for −0. onnxruntime adds its sums in its own order."""
@@ -149,7 +149,7 @@ def moment_layer_norm(x, factor, epsilon, scale, bias) -> np.ndarray:
     difference = s2 * factor - mean * mean
     variance = np.where(np.isnan(difference) | (difference > 0), difference, np.float32(0))
     inverse = np.float32(1) / np.sqrt(variance + epsilon)
-    channel = (slice(None), None)
+    channel = (slice(None),) + (None,) * (x.ndim - 2)
     return (x - mean) * (inverse * np.asarray(scale, np.float32)[channel]) + np.asarray(bias, np.float32)[channel]
 
 

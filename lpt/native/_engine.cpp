@@ -1805,14 +1805,25 @@ void step(Program &program, const Instruction &ins) {
             }
             break;
         }
-        case Code::moment_layer_norm: {  // over axis 1 of [N, C, T]
-            if (a.type != 'f' || a.dims.size() != 3 || a.dims[1] != (int64_t)ins.gamma.size())
-                throw Unsupported("a layer norm over axis 1 of other than float32 [N, C, T] of its channels");
+        case Code::moment_layer_norm: {  // over axis 1 of [N, C, T] or [N, C]
+            if (a.type != 'f' || a.dims.size() < 2 || a.dims.size() > 3 || a.dims[1] != (int64_t)ins.gamma.size())
+                throw Unsupported("a layer norm over axis 1 of other than float32 [N, C, T] or [N, C] of its channels");
+            // the shapes its Reshapes and Expands are given at this run (float_steps.moment_layer_norm_shapes_hold):
+            // here only [N, 1, T] or [N, 1] written out; any other form, the step's
+            std::vector<int64_t> expected = a.dims;
+            expected[1] = 1;
+            for (size_t k = 1; k < ins.in.size(); ++k) {
+                const Slot &shape = slots[ins.in[k]];
+                const int64_t *given = static_cast<const int64_t *>(shape.data);
+                if (shape.type != 'q' || shape.count() != (int64_t)expected.size() ||
+                    !std::equal(expected.begin(), expected.end(), given))
+                    throw Unsupported("a layer norm whose Reshape or Expand is given another shape than [N, 1, T]");
+            }
             const float *in = static_cast<const float *>(channels_first(a, program));
             out.dims = a.dims;
             float *o = static_cast<float *>(out.allocate('f', a.count()));
-            lpt_ops::moment_layer_norm(in, a.dims[0], a.dims[1], a.dims[2], ins.factor, ins.epsilon, ins.gamma.data(),
-                                       ins.beta.data(), o, program.threads);
+            lpt_ops::moment_layer_norm(in, a.dims[0], a.dims[1], a.dims.size() == 3 ? a.dims[2] : 1, ins.factor,
+                                       ins.epsilon, ins.gamma.data(), ins.beta.data(), o, program.threads);
             break;
         }
         case Code::mean_last_axis: {
@@ -2208,7 +2219,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
             const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
-            const bool fits = ins.code == Code::concat ? !ins.in.empty() : ins.in.size() == reads;
+            // a concat reads its parts; a jax2tf layer norm its source, then the shapes it checks
+            const bool fits = ins.code == Code::concat ? !ins.in.empty()
+                              : ins.code == Code::moment_layer_norm ? !ins.in.empty() : ins.in.size() == reads;
             if (ins.out < 0 || ins.out >= slot_count || !fits)
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));

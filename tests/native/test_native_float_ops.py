@@ -165,7 +165,8 @@ def moments_one_by_one(x, factor, epsilon, scale, bias):
     mean = s1 * factor
     difference = s2 * factor - mean * mean
     positive = np.where(np.isnan(difference) | (difference > 0), difference, np.float32(0))  # Max(0, ·), NaN kept
-    return (x - mean) * (np.reciprocal(np.sqrt(positive + epsilon)) * scale[None, :, None]) + bias[None, :, None]
+    channel = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean) * (np.reciprocal(np.sqrt(positive + epsilon)) * scale.reshape(channel)) + bias.reshape(channel)
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -187,6 +188,26 @@ def test_a_moment_layer_norm_is_lpts_kernel_and_its_ops_one_by_one(layout):
         assert same_bits(y, moments_one_by_one(x, factor, epsilon, scale, bias))
     if layout == "channels_first":  # the special values: a NaN spreads over its position; equal values do not
         assert np.isnan(y[0, :, 0]).all() and np.isfinite(y[1, :, 3:5]).all()
+
+
+def test_a_moment_layer_norm_of_rows_checks_the_shapes_it_is_given():
+    """The "moment_layer_norm" instruction over axis 1 of [N, C] (magika's second LayerNorm), reading the shape
+    its Reshapes and Expands are given at this run: [N, 1] gives lpt's kernel's and the ops' bits, another
+    shape (another batch, or a rank of three) makes the program give way (Unsupported), for the step to judge."""
+    rng = np.random.default_rng(16)
+    factor, epsilon = np.float32(1 / 9), np.float32(1e-6)
+    scale, bias = rng.normal(1, 0.5, 9).astype(np.float32), rng.normal(0, 0.5, 9).astype(np.float32)
+    x = rng.normal(0, 3, (3, 9)).astype(np.float32)
+    x.reshape(-1)[:SPECIAL.size] = SPECIAL[: x.size]
+    program = Program([("moment_layer_norm", ["x", "shape"], "y", (float(factor), float(epsilon), scale, bias))],
+                      ["x", "shape"], ["y"], threads=2)
+    [y] = program(x, np.array([3, 1], np.int64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert same_bits(y, moment_layer_norm(x, factor, epsilon, scale, bias))
+        assert same_bits(y, moments_one_by_one(x, factor, epsilon, scale, bias))
+    for other in ([2, 1], [3, 1, 1], [-1, 1]):
+        with pytest.raises(Unsupported, match="another shape"):
+            program(x, np.array(other, np.int64))
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
