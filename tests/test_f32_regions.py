@@ -688,6 +688,40 @@ def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_pa
         plan.run(feeds)
 
 
+def test_a_jax2tf_one_hot_before_a_dense_is_one_step_of_8_bit_levels(tmp_path):
+    """jax.nn.one_hot as jax2tf writes it before a Dense (magika's bytes): Reshape to [N, L, 1], Expand to a
+    shape computed from the input's, Equal to arange(K), Cast, then the Dense's quantize: one step of lpt's
+    writing the 8-bit levels (no float32 [N, L, K] tensor), in the Dense's native program; values outside
+    the table are rows of zeros. The NumPy plan's bits, and onnxruntime's values on the FQ model."""
+    g = Graph()
+    columns = g.op("Reshape", ["bytes", g.const(np.int64([-1, 16, 1]))])
+    shape = g.op("Concat", [g.op("Slice", [g.op("Shape", ["bytes"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
+                            g.const(np.int64([16, 1]))], axis=0)
+    equal = g.op("Equal", [g.op("Expand", [columns, shape]), g.const(np.arange(9, dtype=np.int32).reshape(1, 1, 9))])
+    hot = g.fq(g.op("Cast", [equal], to=onnx.TensorProto.FLOAT), 1 / 255, np.uint8(0))
+    g.op("MatMul", [hot, g.weight((9, 4), axis=1)], name="y")
+    graph = helper.make_graph(g.nodes, "one_hot", [helper.make_tensor_value_info("bytes", onnx.TensorProto.INT32, ["N", 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 16, 4])],
+                              [onnx.numpy_helper.from_array(np.asarray(a), n) for n, a in g.inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "hot.onnx")
+    fq_model = lpt.load(tmp_path / "hot.onnx")
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Reshape", "Shape", "Slice", "Concat")]
+    [hot_step] = [s for s in plan.steps if "Equal" in s.op_types]
+    assert hot_step.op_types == ("Expand", "Equal", "Cast", "QuantizeLinear") and hot_step.native[0] == "one_hot"
+    feeds = {"bytes": RNG.integers(-2, 12, (3, 16)).astype(np.int32)}  # 9, 10, 11 and the negatives: no 1 in their rows
+    ours = plan.run(feeds)["y"]
+    np.testing.assert_array_equal(ours, compile_model(int8, native=False).run(feeds)["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, feeds)["y"], rtol=1e-5, atol=1e-6)
+    levels = compile_model(int8, native=False).run(feeds, keep=True)[hot_step.outputs[0]]
+    np.testing.assert_array_equal(levels, np.where(feeds["bytes"][..., None] == np.arange(9), 255, 0))
+    if lpt.native.available():
+        [program] = [s for s in plan.run_steps if "Equal" in s.op_types]
+        assert "MatMulInteger" in program.op_types and program.run.native, "the program gave way to its steps"
+
+
 @pytest.mark.parametrize("op_type, allow_zero, given, holds", [
     ("Reshape", 0, [4, 1, 5], True), ("Reshape", 0, [0, 1, 5], True), ("Reshape", 0, [-1, 1, 5], True),
     ("Reshape", 0, [4, 1, -1], True), ("Reshape", 1, [0, 1, 5], False), ("Reshape", 0, [3, 1, 5], False),

@@ -318,6 +318,44 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
     return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes, checked
 
 
+def read_one_hot(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Value | None, Quantization, list[ir.Node]] | None:
+    """A one-hot that is quantized next, as jax2tf writes jax.nn.one_hot(v, K) before a Dense, from its first node:
+
+        [Expand(v, shape) →] Equal(·, table) → Cast(to float32) → QuantizeLinear (per tensor)
+
+    where v holds integers (int32 or int64) and ends in an axis of 1, and the table is a constant integer
+    vector [K] (or [1, …, 1, K], of at most v's rank): each value of v becomes K levels, the quantized 1
+    where it equals the table's value there and the quantized 0 elsewhere. (the table [K], v, the
+    Expand's shape or None, the Quantization, the nodes), or None."""
+    expand = None
+    if node.op_type == "Expand" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2:
+        expand, node = node, only_consumer(node.outputs[0], ("Equal",))
+        if node is None:
+            return None
+    if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 or None in node.inputs:
+        return None
+    tables = [const_array(v) for v in node.inputs]
+    if (tables[0] is None) == (tables[1] is None):
+        return None
+    table, v = (tables[1], node.inputs[0]) if tables[1] is not None else (tables[0], node.inputs[1])
+    if expand is not None and v is not expand.outputs[0]:
+        return None
+    source = expand.inputs[0] if expand is not None else v
+    integers = (ir.DataType.INT32, ir.DataType.INT64)
+    if source.dtype not in integers or table.dtype not in (np.int32, np.int64) or source.shape is None or \
+            not source.shape or source.shape[-1] != 1 or table.ndim > len(source.shape) or table.ndim == 0 or \
+            any(d != 1 for d in table.shape[:-1]) or table.shape[-1] < 1:
+        return None
+    cast = only_consumer(node.outputs[0], ("Cast",))
+    if cast is None or ir.DataType(attribute(cast, "to", 0)) != ir.DataType.FLOAT:
+        return None
+    quantized = quantized_next(cast.outputs[0])
+    if quantized is None or not quantized[1].is_per_tensor:
+        return None
+    nodes = [n for n in (expand, node, cast, quantized[0]) if n is not None]
+    return table.reshape(-1), source, expand.inputs[1] if expand is not None else None, quantized[1], nodes
+
+
 def _gelu_of(value: ir.Value) -> tuple[kernels.Gelu, list[ir.Node]] | None:
     """The GELU of `value` as a post-op: its Div and its Mul by x read `value`, and nothing else does."""
     readers = list(value.consumers())

@@ -34,7 +34,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import (INTEGER_TYPES, only_consumer, optional_constant, quantized_next,
+from lpt.backend.chains import (INTEGER_TYPES, only_consumer, optional_constant, quantized_next, read_one_hot,
                                 read_int8_layer, read_quantization)
 from lpt.backend.emulation import saturating_layer_function
 from lpt.backend.step import Int8Layer, Step
@@ -348,6 +348,27 @@ def _quantize(node: ir.Node):
         instruction = ("quantize", (float(quantization.scale.reshape(())), int(quantization.zero_point.reshape(())),
                                     quantization.qmin, quantization.qmax, quantization.qmin < 0))
     return _step(lambda x: [quantization.quantize(x)], [node.inputs[0]], [node], native=instruction)
+
+
+def try_one_hot_step(node: ir.Node) -> tuple[Step, list[ir.Node]] | None:
+    """A quantized one-hot (chains.read_one_hot) as one step from its first node: 8-bit levels, written once,
+    instead of a float32 tensor K times v's size for onnxruntime to compare and cast and lpt to quantize
+    (magika's bytes: [N, 2048, 257]). A Dense reading it then sees rows of one value other than its zero
+    point, which the engine gathers (lpt.native: a one-hot source)."""
+    found = read_one_hot(node)
+    if found is None:
+        return None
+    table, source, expand_shape, quantization, nodes = found
+    low, high = (int(q) for q in quantization.quantize(np.array([0.0, 1.0], np.float32)))
+    dtype = integer_container(quantization.qmin, quantization.qmax)
+
+    def run(v, shape=None):
+        if shape is not None:  # an Expand broadcasts both ways
+            v = np.broadcast_to(v, np.broadcast_shapes(np.shape(v), tuple(int(d) for d in np.asarray(shape).reshape(-1))))
+        return [kernels.one_hot_levels(v, table, low, high, dtype)]
+
+    inputs = [source] + ([expand_shape] if expand_shape is not None else [])
+    return _step(run, inputs, nodes, native=("one_hot", (table.astype(np.int64), low, high, quantization.qmin < 0)))
 
 
 def _dequantize(node: ir.Node):

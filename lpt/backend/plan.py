@@ -21,7 +21,7 @@ from lpt.backend.fallback import RegionRunner, region_inputs
 from lpt.backend.if_steps import try_if_step
 from lpt.backend import native_program
 from lpt.backend.float_steps import reads_model_input_from_a_table, try_float_step
-from lpt.backend.int8_steps import try_int8_step, try_join_step
+from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.scan_steps import try_scan_step
 from lpt.backend.step import Step
@@ -153,7 +153,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = (try_int8_step(node, threads, native, emulate) or try_onnx_int8_step(node, threads, native)
+        fused = (try_int8_step(node, threads, native, emulate) or try_one_hot_step(node)
+                 or try_onnx_int8_step(node, threads, native)
                  or try_scan_step(node, opsets, threads, native, emulate)
                  or try_if_step(node, opsets, claimed, threads, native, emulate))
         if fused is None and (_between_int8_steps(node, claimed, constants, own_results, inputs_from_lpt)

@@ -16,8 +16,8 @@ from lpt.kernels.matmul import PackedMatMul, matmul_accumulate, matmul_accumulat
 from lpt.kernels.output_stage import (ELEMENTWISE_POST_OPS, Clip, FakeQuantize, Gelu, HardSwish, LeakyRelu, PostOp, Relu,
                                       Sigmoid, Silu, Sum, dequantization_multiplier, output_stage, qlinear_multiplier, qlinear_output)
 from lpt.kernels.pooling import average_pool_q, global_average_pool, global_average_pool_q, max_pool_q, upsample_nearest
-from lpt.kernels.quantize import (dequantize, fq_input_affine, quantize, quantize_fq, quantize_multiplier,
-                                  requantize, requantize_fixed_point)
+from lpt.kernels.quantize import (dequantize, fq_input_affine, one_hot_levels, quantize, quantize_fq,
+                                  quantize_multiplier, requantize, requantize_fixed_point)
 from lpt.kernels.window import Window
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "conv_transpose_output_shape", "dequantization_multiplier", "dequantize", "dequantize_shifted", "exact_chunk",
     "extreme_over_middle_axes", "fq_input_affine", "gelu", "global_average_pool", "global_average_pool_q", "hard_sigmoid", "hard_swish", "integer_matmul", "join_q",
     "layer_norm", "matmul_accumulate", "matmul_accumulate_packed", "max_pool_q", "mean_over_axis_1", "mean_over_last_axis", "moment_layer_norm", "mul_q",
+    "one_hot_levels",
     "output_stage", "pack_conv", "pack_matmul_weights", "qlinear_multiplier", "qlinear_output", "quantize",
     "quantize_fq", "quantize_multiplier", "relu", "relu_q", "requantize", "requantize_fixed_point", "slope_and_clip", "softmax",
     "tanh_gelu",

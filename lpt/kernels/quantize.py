@@ -178,3 +178,9 @@ def _rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
     mask = (np.int64(1) << exponent) - 1
     threshold = (mask >> 1) + (x < 0)
     return (x >> exponent) + ((x & mask) > threshold)
+
+
+def one_hot_levels(v, table: np.ndarray, low: int, high: int, dtype) -> np.ndarray:
+    """The quantized one-hot of integers v [..., 1] over table [K]: [..., K], `high` (the level of 1) where
+    v equals table[k], `low` (the level of 0) elsewhere."""
+    return np.where(np.asarray(v) == np.asarray(table), dtype(high), dtype(low)).astype(dtype, copy=False)

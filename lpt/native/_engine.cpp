@@ -1137,6 +1137,7 @@ enum class Code {
     binary,
     concat, softmax, layer_norm, moment_layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
     pad, slice,  // values of any type
+    one_hot,     // integers → 8-bit levels
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
@@ -1172,6 +1173,8 @@ struct Instruction {
     bool smallest = false;           // extreme_middle: a min, not a max
     float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
+    std::vector<int64_t> values;     // one_hot: the integers each value is compared with
+    uint8_t low_level = 0, high_level = 0;  // one_hot: the levels of 0 and 1 (signed_out: as int8)
 };
 
 // Memory a slot holds for its values: allocated without being cleared (every instruction writes its
@@ -1826,6 +1829,23 @@ void step(Program &program, const Instruction &ins) {
                                        ins.epsilon, ins.gamma.data(), ins.beta.data(), o, program.threads);
             break;
         }
+        case Code::one_hot: {  // integers v [..., 1] → levels [..., K] (lpt.kernels.one_hot_levels)
+            if ((a.type != 'i' && a.type != 'q') || a.dims.empty() || a.dims.back() != 1 || a.transposed())
+                throw Unsupported("a one-hot of other than integers [..., 1]");
+            if (ins.in.size() == 2) {  // its Expand's shape, here only v's own written out (the step broadcasts)
+                const Slot &shape = slots[ins.in[1]];
+                if (shape.type != 'q' || shape.count() != (int64_t)a.dims.size() ||
+                    !std::equal(a.dims.begin(), a.dims.end(), static_cast<const int64_t *>(shape.data)))
+                    throw Unsupported("a one-hot whose Expand is given another shape than its integers'");
+            }
+            const int64_t k = (int64_t)ins.values.size();
+            out.dims = a.dims;
+            out.dims.back() = k;
+            void *o = out.allocate(ins.signed_out ? 'b' : 'B', a.count() * k);
+            lpt_ops::one_hot(a.data, a.type == 'q', a.count(), ins.values.data(), k, ins.low_level, ins.high_level,
+                             static_cast<uint8_t *>(o), program.threads);
+            break;
+        }
         case Code::mean_last_axis: {
             if (a.type != 'f' || a.dims.empty() || a.dims.back() == 0) throw Unsupported("a mean of other than float32 rows");
             const float *in = static_cast<const float *>(channels_first(a, program));
@@ -2208,6 +2228,16 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     if (ins.shape.empty() || count != (int64_t)ins.table.size())
                         throw std::invalid_argument("gather's table does not have its shape");
                 }
+            } else if (k == "one_hot") {  // (the table, the level of 0, the level of 1, signed)
+                PyObject *values;
+                int low, high, is_signed;
+                ins.code = Code::one_hot;
+                parsed = PyArg_ParseTuple(extra, "Oiip", &values, &low, &high, &is_signed);
+                if (parsed) {
+                    ins.values = int_sequence(values, "one-hot's table");
+                    if (ins.values.empty()) throw std::invalid_argument("a one-hot's table is empty");
+                    ins.low_level = (uint8_t)low, ins.high_level = (uint8_t)high, ins.signed_out = is_signed;
+                }
             } else if (k == "flatten") {
                 ins.code = Code::flatten;
                 ins.axis = PyLong_AsLongLong(extra);
@@ -2219,9 +2249,11 @@ PyObject *py_program(PyObject *, PyObject *args) {
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
             const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
-            // a concat reads its parts; a jax2tf layer norm its source, then the shapes it checks
+            // a concat reads its parts; a jax2tf layer norm its source, then the shapes it checks; a one-hot its
+            // integers, then its Expand's shape if it has one
             const bool fits = ins.code == Code::concat ? !ins.in.empty()
-                              : ins.code == Code::moment_layer_norm ? !ins.in.empty() : ins.in.size() == reads;
+                              : ins.code == Code::moment_layer_norm ? !ins.in.empty()
+                              : ins.code == Code::one_hot ? ins.in.size() == 1 || ins.in.size() == 2 : ins.in.size() == reads;
             if (ins.out < 0 || ins.out >= slot_count || !fits)
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));

@@ -252,6 +252,28 @@ void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n,
     });
 }
 
+void one_hot(const void *v, bool wide, int64_t rows, const int64_t *table, int64_t k, uint8_t low, uint8_t high,
+             uint8_t *out, int threads) {
+    // a table of consecutive integers (jax's arange): the one place a value can match, found by subtraction
+    bool consecutive = true;
+    for (int64_t j = 1; j < k && consecutive; ++j)
+        consecutive = table[j - 1] < std::numeric_limits<int64_t>::max() && table[j] == table[j - 1] + 1;
+    const int64_t first = table[0], last = table[k - 1];
+    lpt_parallel::for_each(rows * k >= PARALLEL_WORK ? threads : 1, (rows + 255) / 256, [=](int64_t block) {
+        for (int64_t r = block * 256; r < std::min(rows, block * 256 + 256); ++r) {
+            const int64_t x = wide ? static_cast<const int64_t *>(v)[r] : static_cast<const int32_t *>(v)[r];
+            uint8_t *row = out + r * k;
+            std::memset(row, low, k);
+            if (consecutive) {
+                if (x >= first && x <= last) row[x - first] = high;
+            } else {
+                for (int64_t j = 0; j < k; ++j)
+                    if (table[j] == x) row[j] = high;
+            }
+        }
+    });
+}
+
 void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
                        float *out, int threads) {
     // Images and, for fewer images than threads, each image's channels in one part per thread, added in a

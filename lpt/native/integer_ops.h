@@ -35,6 +35,11 @@ struct Destination {
 void join(const void *a, bool a_signed, const void *b, bool b_signed, int64_t n, bool multiply, float a_shift,
           float a_scale, float b_shift, float b_scale, bool relu, const Destination &to, void *out, int threads);
 
+// out [rows, k] = high where v[r] (int64 if `wide`, else int32) equals table[j], else low: a quantized
+// one-hot (lpt.kernels.one_hot_levels).
+void one_hot(const void *v, bool wide, int64_t rows, const int64_t *table, int64_t k, uint8_t low, uint8_t high,
+             uint8_t *out, int threads);
+
 // ONNX GlobalAveragePool on float32 [images, channels, positions] (or channels-last [images,
 // positions, channels]) → [images, channels]: each channel's values added in position order, in
 // float32, then divided by the count (lpt.kernels.global_average_pool, which defines the order).

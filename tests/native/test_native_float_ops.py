@@ -15,7 +15,7 @@ from lpt.backend.int8_steps import slice_range
 from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1,
                          mean_over_last_axis, moment_layer_norm, relu, slope_and_clip, softmax, tanh_gelu)
 from lpt.native import Unsupported
-from lpt.kernels.quantize import quantize
+from lpt.kernels.quantize import one_hot_levels, quantize
 from lpt.native.program import Program
 from lpt.numerics.exp import erf, sigmoid, tanh
 
@@ -208,6 +208,26 @@ def test_a_moment_layer_norm_of_rows_checks_the_shapes_it_is_given():
     for other in ([2, 1], [3, 1, 1], [-1, 1]):
         with pytest.raises(Unsupported, match="another shape"):
             program(x, np.array(other, np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("table", [np.arange(-2, 255), np.array([7, 3, 3, -9, 2**40])], ids=["consecutive", "any"])
+@pytest.mark.parametrize("levels", [(0, 255, False), (-128, 127, True), (3, 10, False)])
+def test_a_one_hot_is_lpts_levels(dtype, table, levels):
+    """The "one_hot" instruction against lpt.kernels.one_hot_levels: integers [..., 1] → [..., K], the level of 1
+    where a value equals the table's, of 0 elsewhere, for values inside, outside and at the ends of the table
+    (a table of consecutive integers takes a shorter path), with the Expand's shape given as the integers'
+    own; another shape makes the program give way (the step broadcasts)."""
+    rng = np.random.default_rng(17)
+    v = rng.choice(np.concatenate([table, [-3, 255, 256, -2**31]]), (2, 300, 1)).astype(dtype)
+    low, high, signed = levels
+    program = Program([("one_hot", ["v", "shape"], "y", (table, low, high, signed))], ["v", "shape"], ["y"], threads=2)
+    [y] = program(v, np.array(v.shape, np.int64))
+    expected = one_hot_levels(v, table, low, high, np.int8 if signed else np.uint8)
+    assert same_bits(y, expected) and expected.shape == (2, 300, table.size)
+    assert 0 < np.count_nonzero(expected == high) < v.size  # some values are in the table, some are not
+    with pytest.raises(Unsupported, match="another shape"):
+        program(v, np.array([2, 300, 2], np.int64))
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
