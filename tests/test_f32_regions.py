@@ -688,6 +688,61 @@ def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_pa
         plan.run(feeds)
 
 
+def written_softmax_model(path, floor: float):
+    """x → a layer → jax.nn.softmax as jax2tf writes it (Max(floor, ReduceMax(x)), ...), its Reshapes and Expands
+    given [M, 1] computed from the input `rows`' shape; loaded as lpt loads it."""
+    g = Graph()
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 6), axis=1)])  # [N, 6]
+    rows = g.op("Concat", [g.op("Slice", [g.op("Shape", ["rows"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
+                           g.const(np.int64([1]))], axis=0)  # [M, 1]
+    peak = g.op("Max", [g.const(np.float32(floor)), g.op("ReduceMax", [x], axes=[1], keepdims=0)])
+    e = g.op("Exp", [g.op("Sub", [x, g.op("Expand", [g.op("Reshape", [peak, rows]), rows])])])
+    total = g.op("ReduceSum", [e, g.const(np.int64([1]))], keepdims=0)
+    g.op("Div", [e, g.op("Expand", [g.op("Reshape", [total, rows]), rows])], name="y")
+    proto, _ = g.build({"x": ["N", 5], "rows": ["M", 2]}, ["y"])
+    onnx.save(proto, path)
+    return lpt.load(path)
+
+
+def test_a_jax2tf_softmax_is_lpts_softmax(tmp_path):
+    """jax.nn.softmax as jax2tf writes it after magika's last Dense: Max(−inf, ReduceMax(x)), Reshape and Expand
+    to [M, 1] computed from another tensor's shape, Sub, Exp, ReduceSum, Reshape, Expand, Div: one step of lpt's
+    softmax (its exp and sums lpt's own; the native instruction's test_a_softmax_checks_the_shapes_it_is_given),
+    near onnxruntime's (whose float32 MatMul of the dequantized values adds in its own order, as its exp
+    computes in its own way); another M at the run is refused in one line, as onnxruntime refuses it."""
+    from lpt.errors import DataError
+
+    fq_model = written_softmax_model(tmp_path / "softmax.onnx", -np.inf)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Shape", "Slice", "Concat")]
+    [softmax] = [s for s in plan.steps if "Exp" in s.op_types]
+    assert len(softmax.op_types) == 10 and softmax.native[0] == "softmax"
+    feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
+    ours = plan.run(feeds)["y"]
+    values = compile_model(int8, native=False).run(feeds, keep=True)
+    np.testing.assert_array_equal(ours, values["y"])
+    np.testing.assert_array_equal(values["y"], kernels.softmax(values[softmax.inputs[0]]))
+    np.testing.assert_allclose(ours, run_onnxruntime(fq_model, feeds)["y"], rtol=1e-5, atol=0)
+    feeds["rows"] = np.zeros((3, 2), np.float32)
+    with pytest.raises(Exception):
+        run_onnxruntime(fq_model, feeds)
+    with pytest.raises(DataError, match=r"softmax's Reshape or Expand is given the shape \[\[3, 1\]\], not its input's \[4, 6\]"):
+        plan.run(feeds)
+
+
+def test_a_written_softmax_whose_max_has_a_floor_is_not_lpts_softmax(tmp_path):
+    """Max(0, ReduceMax(x)) is not a softmax's maximum (a row below 0 would shift by 0): the ten ops stay ops."""
+    fq_model = written_softmax_model(tmp_path / "floored.onnx", 0.0)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    assert not any("Exp" in s.op_types and s.native is not None and s.native[0] == "softmax" for s in plan.steps)
+    feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
+    np.testing.assert_allclose(plan.run(feeds)["y"], run_onnxruntime(fq_model, feeds)["y"], rtol=1e-5)
+
+
 def test_a_jax2tf_one_hot_before_a_dense_is_one_step_of_8_bit_levels(tmp_path):
     """jax.nn.one_hot as jax2tf writes it before a Dense (magika's bytes): Reshape to [N, L, 1], Expand to a
     shape computed from the input's, Equal to arange(K), Cast, then the Dense's quantize: one step of lpt's
@@ -732,9 +787,9 @@ def test_a_layer_norms_computed_shapes_are_judged_by_onnxs_rules(op_type, allow_
     """The shapes a jax2tf LayerNorm's Reshape (of a moment, [4, 5]) and Expand (of that, [4, 1, 5]) are given at
     a run, for x [4, 6, 5]: a Reshape's 0 copies a dimension (not with allowzero), its −1 takes the rest, an
     Expand broadcasts; each must leave [4, 1, 5]."""
-    from lpt.backend.float_steps import moment_layer_norm_shapes_hold
+    from lpt.backend.float_steps import reduced_shapes_hold
 
-    assert moment_layer_norm_shapes_hold((4, 6, 5), [(op_type, allow_zero, 0)], [np.array(given, np.int64)]) is holds
+    assert reduced_shapes_hold((4, 6, 5), 1, [(op_type, allow_zero, 0)], [np.array(given, np.int64)]) is holds
 
 
 @pytest.mark.parametrize("starts, ends, axes, steps", [

@@ -246,7 +246,7 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
     in the graph: their results' inferred shapes must say [N, 1, T], but for the first dimension where
     both it and x's are symbols that shape inference could not tie (magika's second LayerNorm, whose
     shape comes from the model input's batch): that Reshape or Expand is returned, for its shape to be
-    compared with x's at each run (moment_layer_norm_shapes_hold)."""
+    compared with x's at each run (float_steps.reduced_shapes_hold)."""
     def summed_over_channels(node):
         axes = const_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         return node.op_type == "ReduceSum" and axes is not None and axes.reshape(-1).tolist() == [1] and \
@@ -304,8 +304,20 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
     if gamma is None or beta is None or gamma.shape != per_channel or beta.shape != per_channel or \
             gamma.dtype != np.float32 or beta.dtype != np.float32 or shift.outputs[0].dtype != ir.DataType.FLOAT:
         return None
+    checked = _shapes_to_check((variance_reshape, variance_expand, mean_reshape, mean_expand), x, expanded)
+    if checked is None:
+        return None
+    nodes = [sum_x, square, sum_squares, second, mean, mean_square, variance, *chain, mean_reshape, mean_expand,
+             centered, scaled, shift]
+    return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes, checked
+
+
+def _shapes_to_check(nodes, x: ir.Value, expanded: tuple) -> list[ir.Node] | None:
+    """Of a written-out reduction's Reshapes and Expands, which the run must check (reduced_shapes_hold): those
+    whose inferred shape is `expanded` (x's with 1 at the reduced axis) but for a first dimension that is
+    another symbol than x's, their shape computed; None where another one's shape is not `expanded`."""
     checked = []
-    for node in (variance_reshape, variance_expand, mean_reshape, mean_expand):
+    for node in nodes:
         shape = tuple(node.outputs[0].shape or ())
         untied = len(shape) == len(expanded) and shape[1:] == expanded[1:] and not isinstance(shape[0], int) and \
             not isinstance(x.shape[0], int) and const_array(node.inputs[1]) is None
@@ -313,9 +325,55 @@ def read_moment_layer_norm(sum_x: ir.Node) -> tuple[tuple, ir.Value, list[ir.Nod
             return None
         if shape != expanded:
             checked.append(node)
-    nodes = [sum_x, square, sum_squares, second, mean, mean_square, variance, *chain, mean_reshape, mean_expand,
-             centered, scaled, shift]
-    return (factor, epsilon, gamma.reshape(-1), beta.reshape(-1)), x, nodes, checked
+    return checked
+
+
+def read_written_softmax(reduce_max: ir.Node) -> tuple[ir.Value, list[ir.Node], list[ir.Node]] | None:
+    """A softmax over x's last axis as jax2tf writes jax.nn.softmax, from its ReduceMax, as kernels.softmax
+    computes it (the sums keepdims 0; the Reshapes and Expands to x's shape with 1 last):
+
+        m = Max(−inf, ReduceMax(x)) → Reshape → Expand;  e = Exp(x − m);  e / Expand(Reshape(ReduceSum(e)))
+
+    (x, the ten nodes, the Reshapes and Expands whose shapes the run must check: _shapes_to_check), or None."""
+    x = reduce_max.inputs[0] if reduce_max.inputs else None
+    if x is None or x.dtype != ir.DataType.FLOAT or x.shape is None or not x.shape or x.is_graph_output():
+        return None
+
+    def over_last_axis(node):
+        axes = attribute(node, "axes") if len(node.inputs) < 2 or node.inputs[1] is None else const_array(node.inputs[1])
+        return axes is not None and [a % len(x.shape) for a in np.reshape(axes, -1).tolist()] == [len(x.shape) - 1] \
+            and attribute(node, "keepdims", 1) == 0
+
+    def next_of(node, op_type, first=True):  # the one reader of node's output, which it reads first (or either)
+        reader = only_consumer(node.outputs[0], (op_type,))
+        return reader if reader is not None and (not first or reader.inputs[0] is node.outputs[0]) else None
+
+    if reduce_max.op_type != "ReduceMax" or not over_last_axis(reduce_max):
+        return None
+    maximum = next_of(reduce_max, "Max", first=False)
+    if maximum is None or len(maximum.inputs) != 2 or \
+            _scalar(maximum.inputs[0] if maximum.inputs[1] is reduce_max.outputs[0] else maximum.inputs[1]) != -np.inf:
+        return None
+    shift_reshape = next_of(maximum, "Reshape")
+    shift_expand = next_of(shift_reshape, "Expand") if shift_reshape is not None else None
+    sub = next_of(shift_expand, "Sub", first=False) if shift_expand is not None else None
+    if sub is None or sub.inputs[0] is not x:
+        return None
+    exp = next_of(sub, "Exp")
+    readers = list(exp.outputs[0].consumers()) if exp is not None else []
+    reduce_sum = next((n for n in readers if n.op_type == "ReduceSum"), None)
+    if len(readers) != 2 or reduce_sum is None or not over_last_axis(reduce_sum) or exp.outputs[0].is_graph_output():
+        return None
+    sum_reshape = next_of(reduce_sum, "Reshape")
+    sum_expand = next_of(sum_reshape, "Expand") if sum_reshape is not None else None
+    div = next_of(sum_expand, "Div", first=False) if sum_expand is not None else None
+    if div is None or div.inputs[0] is not exp.outputs[0] or div not in readers:
+        return None
+    reshapes = (shift_reshape, shift_expand, sum_reshape, sum_expand)
+    checked = _shapes_to_check(reshapes, x, (*x.shape[:-1], 1))
+    if checked is None:
+        return None
+    return x, [reduce_max, maximum, shift_reshape, shift_expand, sub, exp, reduce_sum, sum_reshape, sum_expand, div], checked
 
 
 def read_one_hot(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Value | None, Quantization, list[ir.Node]] | None:

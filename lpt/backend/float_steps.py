@@ -26,6 +26,7 @@ the same bits:
                                                                     none where a shape is not known)
     Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
     Softmax (last axis)          kernels.softmax                  "softmax"
+    ReduceMax, Max, ... (10 ops) kernels.softmax                  "softmax" (jax2tf's softmax, chains.read_written_softmax)
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
     ReduceSum, Mul, ... (19 ops) kernels.moment_layer_norm        "moment_layer_norm" (jax2tf's LayerNorm over
                                                                     axis 1 of [N, C, T] or [N, C],
@@ -56,8 +57,8 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import read_gelu, read_moment_layer_norm, read_post_op, read_tanh_gelu
-from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, pad_step
+from lpt.backend.chains import read_gelu, read_moment_layer_norm, read_post_op, read_tanh_gelu, read_written_softmax
+from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, onnx_reshape_dims, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -163,6 +164,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _layer_norm(node)
     if node.op_type == "ReduceMean":
         return _reduce_mean(node)
+    if node.op_type == "ReduceMax" and own_results and (fused := _written_softmax(node)) is not None:  # its Exp is lpt's
+        return fused
     if node.op_type in ("ReduceMax", "ReduceMin"):
         return _reduce_extreme(node)
     if node.op_type == "GlobalMaxPool" and x.shape is not None and len(x.shape) >= 3:
@@ -190,39 +193,52 @@ def _moment_layer_norm(node: ir.Node) -> tuple | None:
     if found is None:
         return None
     (factor, epsilon, scale, bias), source, chain, checked = found
-    shapes = list(dict.fromkeys(n.inputs[1] for n in checked))  # the computed shapes to compare at each run
+    return _checked_reduction(lambda a: kernels.moment_layer_norm(a, factor, epsilon, scale, bias), source, chain,
+                              checked, 1, ("moment_layer_norm", (factor, epsilon, scale, bias)), "LayerNorm")
+
+
+def _written_softmax(reduce_max: ir.Node) -> tuple | None:
+    """jax2tf's softmax (chains.read_written_softmax) as one step: kernels.softmax, its exp and sums lpt's own."""
+    found = read_written_softmax(reduce_max)
+    if found is None:
+        return None
+    source, chain, checked = found
+    return _checked_reduction(kernels.softmax, source, chain, checked, len(source.shape) - 1, ("softmax", None), "softmax")
+
+
+def _checked_reduction(function, source: ir.Value, chain: list[ir.Node], checked: list[ir.Node], axis: int,
+                       native: tuple, what: str) -> tuple:
+    """A written-out reduction's step: function(x), after checking the shapes its Reshapes and Expands in
+    `checked` are given at this run (reduced_shapes_hold), which it reads after x."""
+    shapes = list(dict.fromkeys(n.inputs[1] for n in checked))
     checks = [(n.op_type, attribute(n, "allowzero", 0), shapes.index(n.inputs[1])) for n in checked]
     name = chain[0].name
 
     def run(a, *given):
-        if not moment_layer_norm_shapes_hold(np.shape(a), checks, given):
-            raise DataError(f"node {name!r}: a LayerNorm's Reshape or Expand is given the shape "
+        if not reduced_shapes_hold(np.shape(a), axis, checks, given):
+            raise DataError(f"node {name!r}: a {what}'s Reshape or Expand is given the shape "
                             f"{[np.asarray(g).tolist() for g in given]}, not its input's {list(np.shape(a))} with 1 "
-                            "channel: lpt does not run that")
-        return [kernels.moment_layer_norm(a, factor, epsilon, scale, bias)]
+                            f"along axis {axis}: lpt does not run that")
+        return [function(a)]
 
-    return _step(run, [source, *shapes], chain, native=("moment_layer_norm", (factor, epsilon, scale, bias)),
-                 backend=BACKEND)
+    return _step(run, [source, *shapes], chain, native=native, backend=BACKEND)
 
 
-def moment_layer_norm_shapes_hold(x_shape: tuple, checks: list[tuple[str, int, int]], given) -> bool:
-    """Whether each checked Reshape (of a moment, x's shape without its channels) and Expand (of that,
-    reshaped) gives x's shape with 1 channel, by ONNX's rules (a 0 copies a dimension unless allowzero,
-    a −1 is what the count leaves), from the shapes `given` at this run."""
-    expected = (x_shape[0], 1, *x_shape[2:])
-    moment = (x_shape[0], *x_shape[2:])
+def reduced_shapes_hold(x_shape: tuple, axis: int, checks: list[tuple[str, int, int]], given) -> bool:
+    """Whether each checked Reshape (of a reduction: x's shape without `axis`) and Expand (of that, reshaped)
+    gives x's shape with 1 at `axis`, by ONNX's rules (a 0 copies a dimension unless allowzero, a −1 is
+    what the count leaves; an Expand broadcasts), from the shapes `given` at this run."""
+    expected = (*x_shape[:axis], 1, *x_shape[axis + 1:])
+    reduced = (*x_shape[:axis], *x_shape[axis + 1:])
     for op_type, allow_zero, index in checks:
-        shape = [int(v) for v in np.asarray(given[index]).reshape(-1)]
-        if op_type == "Reshape":
-            shape = [moment[i] if d == 0 and not allow_zero and i < len(moment) else d for i, d in enumerate(shape)]
-            known = int(np.prod([d for d in shape if d != -1]))
-            if shape.count(-1) == 1 and known and np.prod(moment) % known == 0:
-                shape[shape.index(-1)] = int(np.prod(moment)) // known
-        else:
-            try:
-                shape = list(np.broadcast_shapes(expected, tuple(shape)))
-            except ValueError:
-                return False
+        shape = tuple(int(v) for v in np.asarray(given[index]).reshape(-1))
+        try:
+            if op_type == "Reshape":
+                shape = np.broadcast_to(np.float32(0), reduced).reshape(onnx_reshape_dims(reduced, shape, allow_zero)).shape
+            else:
+                shape = np.broadcast_shapes(expected, shape)
+        except (ValueError, IndexError):  # no such reshape or broadcast
+            return False
         if tuple(shape) != expected:
             return False
     return True

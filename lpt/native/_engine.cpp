@@ -1387,6 +1387,21 @@ void view_as(Slot &out, const Slot &a, std::vector<int64_t> dims, int threads) {
 }
 
 // a's values channels-first: its own, or a copy in the program's scratch where it lies channels-last
+// The shapes a written-out reduction's Reshapes and Expands are given at this run, its inputs after the
+// first (float_steps.reduced_shapes_hold): here only x's dimensions with 1 at the reduced axis, written
+// out; any other form, the step's.
+void check_reduced_shapes(const Instruction &ins, const std::vector<Slot> &slots, const std::vector<int64_t> &dims,
+                          size_t axis) {
+    std::vector<int64_t> expected = dims;
+    expected[axis] = 1;
+    for (size_t k = 1; k < ins.in.size(); ++k) {
+        const Slot &shape = slots[ins.in[k]];
+        if (shape.type != 'q' || shape.count() != (int64_t)expected.size() ||
+            !std::equal(expected.begin(), expected.end(), static_cast<const int64_t *>(shape.data)))
+            throw Unsupported("a reduction whose Reshape or Expand is given another shape than its input's with 1 there");
+    }
+}
+
 const void *channels_first(const Slot &a, Program &program) {
     if (!a.transposed()) return a.data;
     unsigned char *order = program.scratch.get(a.count() * a.item());
@@ -1794,6 +1809,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::softmax:
         case Code::layer_norm: {  // along the last axis
             if (a.type != 'f' || a.dims.empty()) throw Unsupported("a softmax or layer norm of other than float32");
+            if (ins.code == Code::softmax) check_reduced_shapes(ins, slots, a.dims, a.dims.size() - 1);
             const float *in = static_cast<const float *>(channels_first(a, program));
             const int64_t n = a.dims.back(), rows = n ? a.count() / n : 0;
             out.dims = a.dims;
@@ -1811,17 +1827,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::moment_layer_norm: {  // over axis 1 of [N, C, T] or [N, C]
             if (a.type != 'f' || a.dims.size() < 2 || a.dims.size() > 3 || a.dims[1] != (int64_t)ins.gamma.size())
                 throw Unsupported("a layer norm over axis 1 of other than float32 [N, C, T] or [N, C] of its channels");
-            // the shapes its Reshapes and Expands are given at this run (float_steps.moment_layer_norm_shapes_hold):
-            // here only [N, 1, T] or [N, 1] written out; any other form, the step's
-            std::vector<int64_t> expected = a.dims;
-            expected[1] = 1;
-            for (size_t k = 1; k < ins.in.size(); ++k) {
-                const Slot &shape = slots[ins.in[k]];
-                const int64_t *given = static_cast<const int64_t *>(shape.data);
-                if (shape.type != 'q' || shape.count() != (int64_t)expected.size() ||
-                    !std::equal(expected.begin(), expected.end(), given))
-                    throw Unsupported("a layer norm whose Reshape or Expand is given another shape than [N, 1, T]");
-            }
+            check_reduced_shapes(ins, slots, a.dims, 1);
             const float *in = static_cast<const float *>(channels_first(a, program));
             out.dims = a.dims;
             float *o = static_cast<float *>(out.allocate('f', a.count()));
@@ -2249,9 +2255,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
             const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
-            // a concat reads its parts; a jax2tf layer norm its source, then the shapes it checks; a one-hot its
-            // integers, then its Expand's shape if it has one
-            const bool fits = ins.code == Code::concat ? !ins.in.empty()
+            // a concat reads its parts; a softmax or a jax2tf layer norm its source, then the shapes it checks; a
+            // one-hot its integers, then its Expand's shape if it has one
+            const bool fits = ins.code == Code::concat || ins.code == Code::softmax ? !ins.in.empty()
                               : ins.code == Code::moment_layer_norm ? !ins.in.empty()
                               : ins.code == Code::one_hot ? ins.in.size() == 1 || ins.in.size() == 2 : ins.in.size() == reads;
             if (ins.out < 0 || ins.out >= slot_count || !fits)

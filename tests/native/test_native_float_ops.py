@@ -210,6 +210,18 @@ def test_a_moment_layer_norm_of_rows_checks_the_shapes_it_is_given():
             program(x, np.array(other, np.int64))
 
 
+def test_a_softmax_checks_the_shapes_it_is_given():
+    """The "softmax" instruction reading, after x [N, K], the shapes a written-out softmax's Reshapes and Expands
+    are given at this run (jax2tf's): [N, 1] gives lpt's kernel's bits, another shape makes the program give way."""
+    x = np.random.default_rng(18).normal(0, 3, (5, 214)).astype(np.float32)
+    program = Program([("softmax", ["x", "shape"], "y", None)], ["x", "shape"], ["y"], threads=2)
+    [y] = program(x, np.array([5, 1], np.int64))
+    assert same_bits(y, softmax(x))
+    for other in ([4, 1], [5, 214], [-1, 1]):
+        with pytest.raises(Unsupported, match="another shape"):
+            program(x, np.array(other, np.int64))
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("table", [np.arange(-2, 255), np.array([7, 3, 3, -9, 2**40])], ids=["consecutive", "any"])
 @pytest.mark.parametrize("levels", [(0, 255, False), (-128, 127, True), (3, 10, False)])
