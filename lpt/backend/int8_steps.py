@@ -464,9 +464,9 @@ def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list
         return _step(lambda q: [q.transpose(perm)], [x], [node], native=("transpose", tuple(perm)), backend=backend)
     if node.op_type == "Reshape":
         shape, allow_zero = const_array(node.inputs[1]), bool(attribute(node, "allowzero", 0))
-        if shape is None:  # computed at run time (ddddocr's before and after its classifier): numpy's alone
+        if shape is None:  # computed at run time (ddddocr's before and after its classifier, magika's), read second
             return _step(lambda q, target: [_reshaped(node, q, tuple(int(d) for d in target.reshape(-1)), allow_zero)],
-                         [x, node.inputs[1]], [node], backend=backend)
+                         [x, node.inputs[1]], [node], native=("reshape", (None, allow_zero)), backend=backend)
         target = tuple(int(d) for d in shape.reshape(-1))
         return _step(lambda q: [_reshaped(node, q, target, allow_zero)], [x], [node],
                      native=("reshape", (target, allow_zero)), backend=backend)

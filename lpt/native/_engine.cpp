@@ -1166,6 +1166,7 @@ struct Instruction {
     // (un)squeeze: axes; gather: the table's shape
     std::vector<int64_t> shape;
     bool allow_zero = false;
+    bool shape_read = false;  // reshape: its target is its second input, computed at run time
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
@@ -1756,14 +1757,21 @@ void step(Program &program, const Instruction &ins) {
             break;
         }
         case Code::reshape: {
+            std::vector<int64_t> target = ins.shape;
+            if (ins.shape_read) {
+                const Slot &shape = slots[ins.in[1]];
+                if (shape.type != 'q' || shape.dims.size() != 1) throw Unsupported("a reshape to other than int64 [rank]");
+                target.assign(static_cast<const int64_t *>(shape.data), static_cast<const int64_t *>(shape.data) + shape.count());
+            }
             std::vector<int64_t> dims;
             int64_t known = 1, inferred = -1;
-            for (size_t i = 0; i < ins.shape.size(); ++i) {
-                int64_t d = ins.shape[i];
+            for (size_t i = 0; i < target.size(); ++i) {
+                int64_t d = target[i];
                 if (d == 0 && !ins.allow_zero) {
                     if (i >= a.dims.size()) throw Unsupported("a reshape that copies a dimension past the rank");
                     d = a.dims[i];
                 }
+                if (d < -1 || (d == -1 && inferred >= 0)) throw Unsupported("a reshape to no shape (ONNX's: one −1 at most)");
                 if (d == -1) inferred = (int64_t)i;
                 else known *= d;
                 dims.push_back(d);
@@ -2185,7 +2193,8 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 int allow_zero;
                 ins.code = Code::reshape;
                 parsed = PyArg_ParseTuple(extra, "Op", &target, &allow_zero);
-                if (parsed) ins.shape = int_sequence(target, "reshape's shape");
+                if (parsed && target != Py_None) ins.shape = int_sequence(target, "reshape's shape");
+                ins.shape_read = parsed && target == Py_None;  // computed: the instruction's second input
                 ins.allow_zero = parsed && allow_zero;
             } else if (k == "slice") {  // (starts, ends, axes, steps)
                 PyObject *starts, *ends, *axes, *steps;
@@ -2256,10 +2265,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
             const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
             // a concat reads its parts; a softmax or a jax2tf layer norm its source, then the shapes it checks; a
-            // one-hot its integers, then its Expand's shape if it has one
+            // one-hot its integers, then its Expand's shape if it has one; a reshape its source, then its
+            // target where that is computed
             const bool fits = ins.code == Code::concat || ins.code == Code::softmax ? !ins.in.empty()
                               : ins.code == Code::moment_layer_norm ? !ins.in.empty()
-                              : ins.code == Code::one_hot ? ins.in.size() == 1 || ins.in.size() == 2 : ins.in.size() == reads;
+                              : ins.code == Code::one_hot ? ins.in.size() == 1 || ins.in.size() == 2
+                              : ins.code == Code::reshape ? ins.in.size() == 1u + ins.shape_read : ins.in.size() == reads;
             if (ins.out < 0 || ins.out >= slot_count || !fits)
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));

@@ -306,22 +306,33 @@ def test_a_join_of_channels_first_and_channels_last_tensors():
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), rank=st.integers(1, 5), dtype=st.sampled_from([np.uint8, np.int8, np.float32]),
-       data=st.data())
-def test_reshape_and_transpose_are_numpys(seed, rank, dtype, data):
-    """ONNX Reshape (0 copies a dimension, −1 is inferred) and Transpose with any perm, as attention splits heads."""
+       computed=st.booleans(), data=st.data())
+def test_reshape_and_transpose_are_numpys(seed, rank, dtype, computed, data):
+    """ONNX Reshape (0 copies a dimension, −1 is inferred) and Transpose with any perm, as attention splits heads;
+    the target a constant, or an int64 tensor the instruction reads at run time (a shape computed in the graph)."""
     rng = np.random.default_rng(seed)
     shape = tuple(int(d) for d in rng.integers(1, 5, rank))
     x = rng.integers(-100, 100, shape).astype(dtype)
     perm = tuple(int(i) for i in rng.permutation(rank))
     flat = int(np.prod(shape))
     target = data.draw(st.sampled_from([(0,) * rank, (-1,), (flat, 1), (1, -1)] + ([(0, -1)] if rank >= 2 else [])))
-    program = Program([("transpose", ["x"], "t", perm), ("reshape", ["t"], "y", (target, False))], ["x"], ["y", "t"],
-                      threads=1)
-    y, t = program(x)
+    reshape = ("reshape", ["t", "target"], "y", (None, False)) if computed else ("reshape", ["t"], "y", (target, False))
+    inputs = ["x", "target"] if computed else ["x"]
+    program = Program([("transpose", ["x"], "t", perm), reshape], inputs, ["y", "t"], threads=1)
+    y, t = program(x, np.array(target, np.int64)) if computed else program(x)
     expected = x.transpose(perm)
     assert same_bits(t, np.ascontiguousarray(expected))
     from lpt.backend.int8_steps import onnx_reshape_dims
     assert same_bits(y, np.ascontiguousarray(expected.reshape(onnx_reshape_dims(expected.shape, target, False))))
+
+
+@pytest.mark.parametrize("target", [[5, 5], [-1, -1], [-2, 12], [0, 0, 6]])
+def test_a_reshape_to_a_computed_target_it_cannot_take_gives_way(target):
+    """Another count of values, two −1s, a negative size, a 0 past the rank: the program raises Unsupported (the
+    step then says why in one line, as onnxruntime refuses such a Reshape)."""
+    program = Program([("reshape", ["x", "target"], "y", (None, False))], ["x", "target"], ["y"], threads=1)
+    with pytest.raises(Unsupported, match="reshape"):
+        program(np.zeros((4, 6), np.float32), np.array(target, np.int64))
 
 
 def test_a_convolutions_channels_last_output_is_transposed_and_reshaped_in_channels_first_order():
