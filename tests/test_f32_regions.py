@@ -639,6 +639,27 @@ def test_a_jax2tf_convolution_tail_is_lpts_with_the_bits_of_its_ops():
         assert program.run.native, "the program gave way to its steps"
 
 
+def layer_and_rows(g: Graph) -> tuple[str, str]:
+    """A layer's float32 output [N, 6] from the input x [N, 5], and [M, 1] computed from the input rows' shape
+    [M, 2] (as jax2tf computes a Reshape's shape from the model input's batch)."""
+    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 6), axis=1)])
+    rows = g.op("Concat", [g.op("Slice", [g.op("Shape", ["rows"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
+                           g.const(np.int64([1]))], axis=0)
+    return x, rows
+
+
+def plan_with_rows(g: Graph, path):
+    """(FQ model, int8 model, plan, its onnxruntime regions) of layer_and_rows' graph, loaded as lpt loads it
+    (shape inference that propagates the shape's values, and cannot tie M to N)."""
+    proto, _ = g.build({"x": ["N", 5], "rows": ["M", 2]}, ["y"])
+    onnx.save(proto, path)
+    fq_model = lpt.load(path)
+    int8 = lpt.clone(fq_model)
+    lpt.transform(int8)
+    plan = compile_model(int8)
+    return fq_model, int8, plan, [s.op_types for s in plan.steps if s.backend == "onnxruntime"]
+
+
 def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_path):
     """magika's second LayerNorm: over axis 1 of [N, C], its Reshapes and Expands given [M, 1] computed from
     another tensor's shape (here another input's), which shape inference (lpt.load's, propagating the
@@ -648,9 +669,7 @@ def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_pa
     from lpt.errors import DataError
 
     g = Graph()
-    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 6), axis=1)])  # [N, 6]
-    rows = g.op("Concat", [g.op("Slice", [g.op("Shape", ["rows"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
-                           g.const(np.int64([1]))], axis=0)  # [M, 1]
+    x, rows = layer_and_rows(g)
     factor = g.const(np.float32(1 / 6))
     mean = g.op("Mul", [g.op("ReduceSum", [x, g.const(np.int64([1]))], keepdims=0), factor])
     second = g.op("Mul", [g.op("ReduceSum", [g.op("Mul", [x, x]), g.const(np.int64([1]))], keepdims=0), factor])
@@ -662,13 +681,8 @@ def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_pa
     centered = g.op("Sub", [x, g.op("Expand", [g.op("Reshape", [mean, rows]), rows])])
     normed = g.op("Add", [g.op("Mul", [centered, scale]), g.const(beta.reshape(1, 6))])
     g.op("MatMul", [g.fq(normed, 0.02, np.uint8(128)), g.weight((6, 3), axis=1)], name="y")
-    proto, _ = g.build({"x": ["N", 5], "rows": ["M", 2]}, ["y"])
-    onnx.save(proto, tmp_path / "norm.onnx")
-    fq_model = lpt.load(tmp_path / "norm.onnx")
-    int8 = lpt.clone(fq_model)
-    lpt.transform(int8)
-    plan = compile_model(int8)
-    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Shape", "Slice", "Concat")]
+    fq_model, int8, plan, sessions = plan_with_rows(g, tmp_path / "norm.onnx")
+    assert sessions == [("Shape", "Slice", "Concat")]
     [norm] = [s for s in plan.steps if "ReduceSum" in s.op_types]
     assert len(norm.op_types) == 19 and norm.native[0] == "moment_layer_norm"
     feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
@@ -688,20 +702,16 @@ def test_a_jax2tf_layer_norm_of_rows_whose_shapes_come_from_another_input(tmp_pa
         plan.run(feeds)
 
 
-def written_softmax_model(path, floor: float):
-    """x → a layer → jax.nn.softmax as jax2tf writes it (Max(floor, ReduceMax(x)), ...), its Reshapes and Expands
-    given [M, 1] computed from the input `rows`' shape; loaded as lpt loads it."""
+def written_softmax_plan(path, floor: float):
+    """plan_with_rows of a layer → jax.nn.softmax as jax2tf writes it (Max(floor, ReduceMax(x)), ...), its
+    Reshapes and Expands given [M, 1]."""
     g = Graph()
-    x = g.op("MatMul", [g.fq("x", 0.03, np.uint8(128)), g.weight((5, 6), axis=1)])  # [N, 6]
-    rows = g.op("Concat", [g.op("Slice", [g.op("Shape", ["rows"]), g.const(np.int64([0])), g.const(np.int64([1]))]),
-                           g.const(np.int64([1]))], axis=0)  # [M, 1]
+    x, rows = layer_and_rows(g)
     peak = g.op("Max", [g.const(np.float32(floor)), g.op("ReduceMax", [x], axes=[1], keepdims=0)])
     e = g.op("Exp", [g.op("Sub", [x, g.op("Expand", [g.op("Reshape", [peak, rows]), rows])])])
     total = g.op("ReduceSum", [e, g.const(np.int64([1]))], keepdims=0)
     g.op("Div", [e, g.op("Expand", [g.op("Reshape", [total, rows]), rows])], name="y")
-    proto, _ = g.build({"x": ["N", 5], "rows": ["M", 2]}, ["y"])
-    onnx.save(proto, path)
-    return lpt.load(path)
+    return plan_with_rows(g, path)
 
 
 def test_a_jax2tf_softmax_is_lpts_softmax(tmp_path):
@@ -712,11 +722,8 @@ def test_a_jax2tf_softmax_is_lpts_softmax(tmp_path):
     computes in its own way); another M at the run is refused in one line, as onnxruntime refuses it."""
     from lpt.errors import DataError
 
-    fq_model = written_softmax_model(tmp_path / "softmax.onnx", -np.inf)
-    int8 = lpt.clone(fq_model)
-    lpt.transform(int8)
-    plan = compile_model(int8)
-    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Shape", "Slice", "Concat")]
+    fq_model, int8, plan, sessions = written_softmax_plan(tmp_path / "softmax.onnx", -np.inf)
+    assert sessions == [("Shape", "Slice", "Concat")]
     [softmax] = [s for s in plan.steps if "Exp" in s.op_types]
     assert len(softmax.op_types) == 10 and softmax.native[0] == "softmax"
     feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
@@ -733,12 +740,11 @@ def test_a_jax2tf_softmax_is_lpts_softmax(tmp_path):
 
 
 def test_a_written_softmax_whose_max_has_a_floor_is_not_lpts_softmax(tmp_path):
-    """Max(0, ReduceMax(x)) is not a softmax's maximum (a row below 0 would shift by 0): the ten ops stay ops."""
-    fq_model = written_softmax_model(tmp_path / "floored.onnx", 0.0)
-    int8 = lpt.clone(fq_model)
-    lpt.transform(int8)
-    plan = compile_model(int8)
-    assert not any("Exp" in s.op_types and s.native is not None and s.native[0] == "softmax" for s in plan.steps)
+    """Max(0, ReduceMax(x)) is not a softmax's maximum (a row below 0 would shift by 0): the ten ops stay
+    onnxruntime's."""
+    fq_model, _, plan, sessions = written_softmax_plan(tmp_path / "floored.onnx", 0.0)
+    assert sessions == [("Shape", "Slice", "Concat", "ReduceMax", "Max", "Reshape", "Expand", "Sub", "Exp", "ReduceSum",
+                         "Reshape", "Expand", "Div")]
     feeds = {"x": RNG.uniform(-3, 3, (4, 5)).astype(np.float32), "rows": np.zeros((4, 2), np.float32)}
     np.testing.assert_allclose(plan.run(feeds)["y"], run_onnxruntime(fq_model, feeds)["y"], rtol=1e-5)
 
