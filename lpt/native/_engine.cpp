@@ -2049,6 +2049,22 @@ void plan_memory(Program &program) {
     for (auto &slot : program.slots) slot.pool = &program.pool;
 }
 
+// Whether an instruction reads as many slots as its code takes.
+bool reads_fit(const Instruction &ins) {
+    const size_t reads = ins.in.size();
+    switch (ins.code) {
+        case Code::join:
+        case Code::product:
+        case Code::binary: return reads == 2;
+        case Code::concat: return reads >= 1;  // its parts
+        case Code::softmax:
+        case Code::moment_layer_norm: return reads >= 1;  // its source, then the shapes it checks
+        case Code::one_hot: return reads == 1 || reads == 2;  // its integers, then its Expand's shape if any
+        case Code::reshape: return reads == 1u + ins.shape_read;  // its source, then its target if computed
+        default: return reads == 1;
+    }
+}
+
 // The instructions that take no parameters (their extra is None)
 const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
@@ -2263,15 +2279,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
             if (!parsed) return nullptr;
             for (int slot : ins.in)
                 if (slot < 0 || slot >= slot_count) throw std::invalid_argument("an instruction reads a slot out of range");
-            const size_t reads = ins.code == Code::join || ins.code == Code::product || ins.code == Code::binary ? 2 : 1;
-            // a concat reads its parts; a softmax or a jax2tf layer norm its source, then the shapes it checks; a
-            // one-hot its integers, then its Expand's shape if it has one; a reshape its source, then its
-            // target where that is computed
-            const bool fits = ins.code == Code::concat || ins.code == Code::softmax ? !ins.in.empty()
-                              : ins.code == Code::moment_layer_norm ? !ins.in.empty()
-                              : ins.code == Code::one_hot ? ins.in.size() == 1 || ins.in.size() == 2
-                              : ins.code == Code::reshape ? ins.in.size() == 1u + ins.shape_read : ins.in.size() == reads;
-            if (ins.out < 0 || ins.out >= slot_count || !fits)
+            if (ins.out < 0 || ins.out >= slot_count || !reads_fit(ins))
                 throw std::invalid_argument("an instruction's slots do not fit it");
             program->code.push_back(std::move(ins));
         }
