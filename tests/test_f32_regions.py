@@ -854,3 +854,48 @@ def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
     if lpt.native.available():
         [program] = [s for s in plan.run_steps if s.backend == "int8 kernel"]
         assert program.run.native, "the program gave way to its steps"
+
+
+def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
+    """oww_melspectrogram's front: [N, samples] unsqueezed, two STFT convolutions (stride 3, 11-sample frames,
+    9 frequencies; the second with a bias), frequencies last, re² + im², a constant mel MatMul into 4. With
+    `source_op`, that op of the input is the signal."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node(source_op, ["x"], ["source"])] if source_op else []
+    nodes += [helper.make_node("Unsqueeze", ["source" if source_op else "x", "axis"], ["signal"]),
+             helper.make_node("Conv", ["signal", "cos"], ["re"], strides=[3], pads=list(pads), kernel_shape=[11]),
+             helper.make_node("Conv", ["signal", "sin", "offset"], ["im"], strides=[3], pads=list(pads)),
+             helper.make_node("Transpose", ["re"], ["re_t"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["im"], ["im_t"], perm=[0, 2, 1]),
+             helper.make_node("Pow", ["re_t", "two"], ["re2"]), helper.make_node("Mul", ["im_t", "im_t"], ["im2"]),
+             helper.make_node("Add", ["re2", "im2"], ["bins"]),
+             helper.make_node("MatMul", ["bins", "mel"], ["y"])]
+    weights = {"axis": np.array([1], np.int64), "two": np.float32(2.0),
+               "cos": rng.normal(0, 1, (9, 1, 11)).astype(np.float32), "sin": rng.normal(0, 1, (9, 1, 11)).astype(np.float32),
+               "offset": rng.normal(0, 1, 9).astype(np.float32), "mel": rng.uniform(0, 1, (9, 4)).astype(np.float32)}
+    return model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights)
+
+
+def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
+    """An STFT kept in f32 (nothing in it quantized) is lpt's from the model's input on: its Unsqueeze, both
+    convolutions as products of frames, and the MatMul by the mel filters, in one native program."""
+    fp32 = ir_model(spectrogram())
+    plan = compile_model(fp32)
+    assert {s.backend for s in plan.steps} == {"lpt float32"}
+    assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Unsqueeze", "Conv", "Conv")
+    x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 30, 4)
+    np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+
+
+def test_a_padded_convolution_of_a_signal_stays_with_onnxruntime():
+    plan = compile_model(ir_model(spectrogram(pads=(2, 2))))
+    assert regions(plan) == [("Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul")]
+
+
+def test_an_stft_of_a_signal_onnxruntime_makes_stays_in_its_region():
+    """Taken, it would cut the region of the ops before it in two (silero_vad_16k_op15's reflection Pad)."""
+    plan = compile_model(ir_model(spectrogram(source_op="Abs")))
+    assert regions(plan) == [("Abs", "Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul")]

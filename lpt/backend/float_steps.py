@@ -39,14 +39,17 @@ the same bits:
     GlobalMaxPool                kernels.extreme_over_middle_axes "global_max" (of [N, C, *spatial])
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Gather (a constant table)    numpy's take                     "gather"
+    MatMul (constant [k, n])     kernels.dense                    "dense" (try_spectrum_step: of a power spectrum)
+    Conv (an STFT's: [N, 1, L])  kernels.stft_convolution         "dense" of the frames (try_spectrum_step)
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
     Pad (constant)               numpy's pad                      "pad" (int8_steps.pad_step)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
     Cast between float32, bool   numpy's astype                   none
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
-and a Gather from a constant table where the model's input holds its indices (a token embedding);
-elsewhere float32 regions stay with onnxruntime. onnxruntime computes the same bits but for
+a Gather from a constant table where the model's input holds its indices (a token embedding), and the
+layers of a power spectrum that stays in float32 wherever they are (try_spectrum_step says why); elsewhere
+float32 regions stay with onnxruntime. onnxruntime computes the same bits but for
 OWN_FLOAT_RESULTS, whose sums and functions it computes in its own way: the last bits of a value
 differ (kernels.float_ops says where). A plan with dynamic quantization takes none of those.
 """
@@ -171,6 +174,66 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if node.op_type == "GlobalMaxPool" and x.shape is not None and len(x.shape) >= 3:
         return _float_step(lambda a: [_global_max_pool(a)], [x], node, ("global_max", None))
     return None
+
+
+def try_spectrum_step(node: ir.Node) -> tuple | None:
+    """A layer the power-spectrum rule keeps in float32 (lpt.calibration.placement.spectral_power) as lpt's own
+    product: an STFT's convolution of [N, 1, length], or a MatMul by constant weights (mel filters), or None.
+
+    lpt's product of an STFT's frames is faster than onnxruntime's Conv there: oww_melspectrogram's two
+    (5 frames of 512 samples into 257 frequencies each) took 110-126 µs as a session of their own, 25-29 µs
+    each in lpt's program of the model (13 µs alone, its weights in cache). Not every float32 MatMul: on
+    larger products (128×256 by 256×256) kernels.dense's order of sums took twice onnxruntime's time."""
+    return _stft_convolution(node) if node.op_type == "Conv" else _dense(node) if node.op_type == "MatMul" else None
+
+
+def frames_signals(node: ir.Node, layers: set[ir.Node]) -> bool:
+    """Whether `node` is an Unsqueeze or Reshape (of the model's input, say) that only STFT convolutions among
+    `layers` read: a view of lpt's before them."""
+    readers = [reader for reader, _ in node.outputs[0].uses()] if node.outputs else []
+    return (node.op_type in ("Unsqueeze", "Reshape") and node.domain in ("", "ai.onnx") and bool(readers)
+            and all(r in layers and _stft_convolution(r) is not None for r in readers))
+
+
+def _dense(node: ir.Node) -> tuple | None:
+    """A float32 MatMul by constant weights [k, n] (of a source of rank 2 at least): kernels.dense."""
+    x, weights = node.inputs[0], const_array(node.inputs[1]) if len(node.inputs) == 2 else None
+    if weights is None or weights.dtype != np.float32 or weights.ndim != 2 or x.shape is None or len(x.shape) < 2:
+        return None
+    weights = np.ascontiguousarray(weights)
+    return _float_step(lambda a: [kernels.dense(a, weights)], [x], node, ("dense", (weights, None, 0)))
+
+
+def _stft_convolution(node: ir.Node) -> tuple | None:
+    """A Conv of float32 [N, 1, length] by constant float32 weights [C, 1, k] (each frequency's cosine or sine
+    times the window, in an STFT), one group, a bias or none, no padding nor dilation: kernels.stft_convolution."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) not in (2, 3):
+        return None
+    x, weights = node.inputs[0], const_array(node.inputs[1])
+    bias = const_array(node.inputs[2]) if len(node.inputs) == 3 and node.inputs[2] is not None else None
+    if x is None or x.dtype != _FLOAT or x.shape is None or len(x.shape) != 3 or x.shape[1] != 1:
+        return None
+    if weights is None or weights.dtype != np.float32 or weights.ndim != 3 or weights.shape[1] != 1:
+        return None
+    if len(node.inputs) == 3 and node.inputs[2] is not None and (
+            bias is None or bias.dtype != np.float32 or bias.shape != weights.shape[:1]):
+        return None
+    k = weights.shape[2]
+    strides = attribute(node, "strides", [1])
+    plain = (attribute(node, "group", 1) == 1 and list(attribute(node, "dilations", [1])) == [1]
+             and not any(attribute(node, "pads", [0, 0])) and attribute(node, "auto_pad", "NOTSET") in ("NOTSET", "VALID")
+             and list(attribute(node, "kernel_shape", [k])) == [k] and len(strides) == 1 and strides[0] >= 1)
+    if not plain:
+        return None
+    stride, name = int(strides[0]), node.name
+
+    def convolve(signal):
+        if signal.shape[-1] < k:
+            raise DataError(f"node {name!r} (Conv): {signal.shape[-1]} samples, fewer than its kernel's {k}")
+        return [kernels.stft_convolution(signal, weights, stride, bias)]
+
+    frequencies, bias = np.ascontiguousarray(weights[:, 0].T), None if bias is None else np.ascontiguousarray(bias)
+    return _float_step(convolve, [x], node, ("dense", (frequencies, bias, stride)))
 
 
 def _global_max_pool(x: np.ndarray) -> np.ndarray:

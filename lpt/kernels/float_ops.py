@@ -113,6 +113,27 @@ def sum_in_lanes(x) -> np.ndarray:
     return ((pairs[0] + pairs[1]) + (pairs[2] + pairs[3]))[..., None]
 
 
+def dense(x, weights, bias=None) -> np.ndarray:
+    """x [..., k] · weights [k, n] in float32: from 0, each product x[i]·w[i, c] rounded and then added, for
+    i = 0, 1, …, k − 1 in order; then + bias[c]. The native engine computes eight columns per instruction
+    in this order; onnxruntime's GEMM blocks the sum and fuses multiply and add, so its last bits differ."""
+    x, weights = np.asarray(x, np.float32), np.asarray(weights, np.float32)
+    total = np.zeros((*x.shape[:-1], weights.shape[1]), np.float32)
+    for i in range(weights.shape[0]):
+        total += x[..., i, None] * weights[i]
+    return total if bias is None else total + np.asarray(bias, np.float32)
+
+
+def stft_convolution(x, weights, stride: int, bias=None) -> np.ndarray:
+    """ONNX Conv of x [N, 1, length] (or [N, length]) by weights [C, 1, k] with `stride`, no padding nor
+    dilation, as `dense` of each frame x[t·stride : t·stride + k] by weights[:, 0].T: [N, C, frames]."""
+    x = np.asarray(x, np.float32)
+    signal = x.reshape(x.shape[0], x.shape[-1])
+    k = weights.shape[-1]
+    frames = np.lib.stride_tricks.sliding_window_view(signal, k, axis=-1)[:, ::stride]
+    return np.ascontiguousarray(dense(frames, np.asarray(weights)[:, 0].T, bias).transpose(0, 2, 1))
+
+
 def softmax(x) -> np.ndarray:
     """ONNX Softmax along the last axis: m = the maximum, e = lpt's exp(x − m) (lpt.numerics.exp), Σe in
     lanes (sum_in_lanes), y = e / Σe. onnxruntime's differs in the last bits (its own exp, and a product

@@ -1138,6 +1138,7 @@ enum class Code {
     concat, softmax, layer_norm, moment_layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
     pad, slice,  // values of any type
     one_hot,     // integers → 8-bit levels
+    dense,       // a float32 MatMul or an STFT's Conv by constant weights
     folded  // a quantize the binary op before it computes (fold_quantizes)
 };
 
@@ -1176,6 +1177,8 @@ struct Instruction {
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
     std::vector<int64_t> values;     // one_hot: the integers each value is compared with
     uint8_t low_level = 0, high_level = 0;  // one_hot: the levels of 0 and 1 (signed_out: as int8)
+    std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
+    int64_t depth = 0, width = 0, stride = 0;  // dense: the weights' [depth, width]; a Conv's stride (0: a MatMul)
 };
 
 // Memory a slot holds for its values: allocated without being cleared (every instruction writes its
@@ -1989,6 +1992,28 @@ void step(Program &program, const Instruction &ins) {
             }
             break;
         }
+        case Code::dense: {  // a MatMul [..., m, depth] × [depth, width], or a Conv's frames of [images, 1, length]
+            if (a.type != 'f') throw Unsupported("a float32 product of integers");
+            const float *in = static_cast<const float *>(channels_first(a, program));
+            int64_t groups = 1, group_step = 0, rows, row_step = ins.depth;
+            if (ins.stride == 0) {
+                if (a.dims.size() < 2 || a.dims.back() != ins.depth)
+                    throw Unsupported("a float32 MatMul whose source does not fit its weights");
+                out.dims = a.dims;
+                out.dims.back() = ins.width;
+                rows = ins.depth ? a.count() / ins.depth : 0;
+            } else {
+                if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
+                    throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
+                groups = a.dims[0], group_step = a.dims[2], rows = (a.dims[2] - ins.depth) / ins.stride + 1;
+                row_step = ins.stride;
+                out.dims = {a.dims[0], ins.width, rows};
+            }
+            float *o = static_cast<float *>(out.allocate('f', out.count()));
+            lpt_ops::dense(in, groups, group_step, rows, row_step, ins.depth, ins.packed.data(), ins.width,
+                           ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0, o, program.threads);
+            break;
+        }
         case Code::flatten: {
             const int64_t axis = ins.axis < 0 ? ins.axis + (int64_t)a.dims.size() : ins.axis;
             if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
@@ -2268,6 +2293,24 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     ins.values = int_sequence(values, "one-hot's table");
                     if (ins.values.empty()) throw std::invalid_argument("a one-hot's table is empty");
                     ins.low_level = (uint8_t)low, ins.high_level = (uint8_t)high, ins.signed_out = is_signed;
+                }
+            } else if (k == "dense") {  // (weights [depth, width], bias or None, stride: 0 for a MatMul)
+                PyObject *weights, *bias;
+                long long stride;
+                ins.code = Code::dense;
+                parsed = PyArg_ParseTuple(extra, "OOL", &weights, &bias, &stride);
+                if (parsed) {
+                    Buffer w;
+                    if (!w.get(weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) || w.format() != 'f' || w.view.ndim != 2) {
+                        PyErr_Clear();
+                        throw std::invalid_argument("a dense instruction's weights must be a contiguous float32 [depth, width]");
+                    }
+                    ins.depth = w.view.shape[0], ins.width = w.view.shape[1], ins.stride = stride;
+                    ins.packed = lpt_ops::pack_dense_weights(static_cast<const float *>(w.view.buf), ins.depth, ins.width);
+                    if (bias != Py_None) ins.bias = float_vector(bias, "dense's bias");
+                    if (!ins.bias.empty() && (int64_t)ins.bias.size() != ins.width)
+                        throw std::invalid_argument("a dense instruction's bias needs one value per column");
+                    if (stride < 0 || ins.depth == 0) throw std::invalid_argument("a dense instruction's stride is negative or its depth 0");
                 }
             } else if (k == "flatten") {
                 ins.code = Code::flatten;

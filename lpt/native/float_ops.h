@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "integer_ops.h"
 
@@ -83,5 +84,16 @@ void layer_norm(const float *x, int64_t rows, int64_t n, const float *scale, con
 // (NaN kept, +0 for −0), y = (x − mean)·(1 / sqrt(variance + epsilon)·scale[c]) + bias[c].
 void moment_layer_norm(const float *x, int64_t images, int64_t channels, int64_t positions, float factor,
                        float epsilon, const float *scale, const float *bias, float *out, int threads);
+
+// A float32 product with constant weights w [k, n], as lpt.kernels.dense computes it: for each row r and
+// column c, s = 0, then s = s + a_r[i]·w[i, c] for i = 0, 1, …, k − 1 (the product rounded, then the sum),
+// then s + bias[c] (bias may be null). a_r = a + g·group_step + r·row_step: rows may overlap (the frames of
+// an STFT's convolution, row_step its stride). out[g] is [rows, n], or [n, rows] with `columns_first` (a
+// Conv's channels-first output). The weights as pack_dense_weights lays them out.
+constexpr int64_t DENSE_COLUMNS = 16;  // the columns of a packed block
+// w [k, n] (n contiguous) as blocks of 16 columns, each [k, 16], the last padded with zeros.
+std::vector<float> pack_dense_weights(const float *w, int64_t k, int64_t n);
+void dense(const float *a, int64_t groups, int64_t group_step, int64_t rows, int64_t row_step, int64_t k,
+           const float *packed, int64_t n, const float *bias, bool columns_first, float *out, int threads);
 
 }  // namespace lpt_ops

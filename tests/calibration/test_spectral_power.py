@@ -137,7 +137,8 @@ def test_a_squared_activation_without_a_sum_is_not_a_spectrum():
 def test_a_mel_front_end_keeps_its_log_spectrum_on_lpt_only_in_f32(tmp_path):
     with_rule, int8_ops = sqnr_on_lpt(mel_net(), tmp_path)
     without, int8_ops_without = sqnr_on_lpt(mel_net(), tmp_path, rule=False)
-    assert with_rule == np.inf and int8_ops == 0  # nothing left to quantize: exact
+    # nothing left to quantize: float32 throughout (lpt's STFT adds its products in its own order: 118.6 dB)
+    assert with_rule > 100 and int8_ops == 0
     assert without < 0 and int8_ops_without > 0  # the quiet mel bins' log is lost: worse than no signal
 
 

@@ -1,5 +1,5 @@
 """The float32 instructions of native programs (average pool, HardSwish, Erf, GELU, binary ops, concat, Softmax,
-LayerNormalization, a sequence's mean, a max over positions, slices) against
+LayerNormalization, a sequence's mean, a max over positions, slices, a product by constant weights) against
 lpt.kernels.float_ops and numpy, bit for bit, on channels-first inputs and on a convolution's
 channels-last outputs, which the engine keeps in that layout."""
 
@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 import lpt.native
 from lpt.backend.int8_steps import slice_range
-from lpt.kernels import (average_pool, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1,
-                         mean_over_last_axis, moment_layer_norm, relu, slope_and_clip, softmax, tanh_gelu)
+from lpt.kernels import (average_pool, dense, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm,
+                         mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu, slope_and_clip, softmax,
+                         stft_convolution, tanh_gelu)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import one_hot_levels, quantize
 from lpt.native.program import Program
@@ -471,3 +472,48 @@ def test_slope_and_clip_is_lpts():
     for slope, low, high in [(0.2, -np.inf, np.inf), (1.0, 0.0, 6.0), (1.0, -1.0, np.inf), (0.1, -np.inf, 3.0)]:
         [y] = Program([("clip", ["x"], "y", (slope, low, high))], ["x"], ["y"], threads=1)(x)
         assert same_bits(y, slope_and_clip(x, slope, low, high))
+
+
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 14), depth=st.integers(1, 40), width=st.integers(1, 40),
+       layout=st.sampled_from(["channels_first", "channels_last"]), special=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_float_matmul_by_constant_weights_adds_in_order(seed, rows, depth, width, layout, special):
+    """Row tiles of 1 to 6 (3·14 rows: 6 tiles of 6, then 6), and blocks of 16 columns with a last one padded;
+    the source a convolution's channels-last output too. Sums of ±1e30 products lose their small terms, so
+    an order of addition other than 0, 1, … shows in the bits."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 1, (depth, width)).astype(np.float32)
+    weights.reshape(-1)[:3] = np.float32([1e30, -1e30, 3e-39])[: weights.size]
+    y, x = run(rng, (rows, 3, 1, depth), layout, ("dense", ["x"], "y", (weights, None, 0)), special)
+    assert same_bits(y, dense(x, weights))
+    order = np.float32(0)
+    for i in range(depth):
+        order = np.float32(order + np.float32(x[0, 0, 0, i] * weights[i, 0]))
+    assert same_bits(y[0, 0, 0, :1], np.float32([order]))
+
+
+@pytest.mark.parametrize("shape, kernel, stride", [((1, 1, 1280), 512, 160), ((3, 1, 50), 7, 3), ((2, 1, 9), 9, 4),
+                                                   ((1, 1, 40), 1, 1)], ids=["melspectrogram", "three", "one frame", "1x1"])
+def test_an_stfts_convolution_is_a_product_of_its_frames(shape, kernel, stride):
+    rng = np.random.default_rng(3)
+    weights = rng.normal(0, 1, (kernel, 37)).astype(np.float32)
+    bias = rng.normal(0, 1, 37).astype(np.float32)
+    x = rng.normal(0, 1, shape).astype(np.float32)
+    x.reshape(-1)[:4] = np.float32([np.nan, np.inf, -0.0, 1e30])
+    [y] = Program([("dense", ["x"], "y", (weights, bias, stride))], ["x"], ["y"], threads=2)(x)
+    expected = stft_convolution(x, weights.T[:, None, :], stride, bias)
+    assert y.shape == (shape[0], 37, (shape[2] - kernel) // stride + 1)
+    assert same_bits(y, expected)
+    frame = x[-1, 0, stride:stride + kernel] if y.shape[2] > 1 else x[-1, 0, :kernel]
+    assert same_bits(y[-1, :, min(1, y.shape[2] - 1)], dense(frame, weights, bias))
+
+
+def test_a_dense_product_gives_way_where_its_source_does_not_fit():
+    weights = np.ones((8, 3), np.float32)
+    matmul = Program([("dense", ["x"], "y", (weights, None, 0))], ["x"], ["y"], threads=1)
+    stft = Program([("dense", ["x"], "y", (weights, None, 2))], ["x"], ["y"], threads=1)
+    for program, x in ((matmul, np.ones((2, 7), np.float32)), (matmul, np.ones(8, np.float32)),
+                       (stft, np.ones((1, 2, 20), np.float32)), (stft, np.ones((1, 1, 7), np.float32)),
+                       (matmul, np.ones((2, 8), np.uint8))):
+        with pytest.raises(Unsupported):
+            program(x)
