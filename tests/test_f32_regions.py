@@ -857,9 +857,9 @@ def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
 
 
 def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
-    """oww_melspectrogram's front: [N, samples] unsqueezed, two STFT convolutions (stride 3, 11-sample frames,
-    9 frequencies; the second with a bias), frequencies last, re² + im², a constant mel MatMul into 4. With
-    `source_op`, that op of the input is the signal."""
+    """oww_melspectrogram: [N, samples] unsqueezed, two STFT convolutions (stride 3, 11-sample frames, 9
+    frequencies; the second with a bias), frequencies last, re² + im², a constant mel MatMul into 4, then the
+    log in decibels clipped below at its maximum less 5 (80 in the model). With `source_op`, that op of the input is the signal."""
     rng = np.random.default_rng(5)
     nodes = [helper.make_node(source_op, ["x"], ["source"])] if source_op else []
     nodes += [helper.make_node("Unsqueeze", ["source" if source_op else "x", "axis"], ["signal"]),
@@ -869,16 +869,23 @@ def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
              helper.make_node("Transpose", ["im"], ["im_t"], perm=[0, 2, 1]),
              helper.make_node("Pow", ["re_t", "two"], ["re2"]), helper.make_node("Mul", ["im_t", "im_t"], ["im2"]),
              helper.make_node("Add", ["re2", "im2"], ["bins"]),
-             helper.make_node("MatMul", ["bins", "mel"], ["y"])]
+             helper.make_node("MatMul", ["bins", "mel"], ["mel_power"]),
+             helper.make_node("Clip", ["mel_power", "floor", ""], ["floored"]), helper.make_node("Log", ["floored"], ["ln"]),
+             helper.make_node("Mul", ["ln", "decibels"], ["db"]), helper.make_node("ReduceMax", ["db"], ["top"], keepdims=0),
+             helper.make_node("Sub", ["top", "range"], ["lowest"]), helper.make_node("Cast", ["lowest"], ["low"], to=1),
+             helper.make_node("Clip", ["db", "low", ""], ["y"])]
     weights = {"axis": np.array([1], np.int64), "two": np.float32(2.0),
                "cos": rng.normal(0, 1, (9, 1, 11)).astype(np.float32), "sin": rng.normal(0, 1, (9, 1, 11)).astype(np.float32),
-               "offset": rng.normal(0, 1, 9).astype(np.float32), "mel": rng.uniform(0, 1, (9, 4)).astype(np.float32)}
+               "offset": rng.normal(0, 1, 9).astype(np.float32), "mel": rng.uniform(0, 1, (9, 4)).astype(np.float32),
+               "floor": np.float32(1e-10), "decibels": np.float32(10 / np.log(10)), "range": np.float32(5)}
     return model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights)
 
 
 def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
     """An STFT kept in f32 (nothing in it quantized) is lpt's from the model's input on: its Unsqueeze, both
-    convolutions as products of frames, and the MatMul by the mel filters, in one native program."""
+    convolutions as products of frames, the MatMul by the mel filters and the decibels after them (lpt's log,
+    a maximum of every value, a Clip by it), in one native program. The log makes its input's differences
+    from onnxruntime's relative: a mel bin near 0 (its floor, 1e-10) moves by decibels."""
     fp32 = ir_model(spectrogram())
     plan = compile_model(fp32)
     assert {s.backend for s in plan.steps} == {"lpt float32"}
@@ -888,14 +895,15 @@ def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
     assert ours.shape == (2, 30, 4)
     np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+    assert ours.min() == ours.max() - np.float32(5)  # clipped by a bound made at run time: the quiet bins
 
 
 def test_a_padded_convolution_of_a_signal_stays_with_onnxruntime():
     plan = compile_model(ir_model(spectrogram(pads=(2, 2))))
-    assert regions(plan) == [("Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul")]
+    assert regions(plan) == [("Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul", "Clip", "Log", "Mul", "ReduceMax", "Sub", "Cast", "Clip")]
 
 
 def test_an_stft_of_a_signal_onnxruntime_makes_stays_in_its_region():
     """Taken, it would cut the region of the ops before it in two (silero_vad_16k_op15's reflection Pad)."""
     plan = compile_model(ir_model(spectrogram(source_op="Abs")))
-    assert regions(plan) == [("Abs", "Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul")]
+    assert regions(plan) == [("Abs", "Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul", "Clip", "Log", "Mul", "ReduceMax", "Sub", "Cast", "Clip")]

@@ -16,7 +16,8 @@ the same bits:
     GlobalAveragePool            kernels.global_average_pool      "mean"
     AveragePool (2-D, floor)     kernels.average_pool             "average_pool"
     Relu                         kernels.relu                     "relu"
-    LeakyRelu, Clip, Max/Min(c)  kernels.slope_and_clip           "clip" (the output stage's post-op)
+    LeakyRelu, Clip, Max/Min(c)  kernels.slope_and_clip           "clip" (the output stage's post-op; a Clip's
+                                                                    bound made at run time: its one value)
     HardSwish, HardSigmoid       kernels.hard_swish, hard_sigmoid "hard_swish", "hard_sigmoid"
     Erf (GELU's)                 lpt.numerics.exp.erf             "erf"
     Div, Erf, Add, Mul, Mul      kernels.gelu                     "gelu" (x·(erf(x / d) + 1)·0.5 in one pass)
@@ -36,15 +37,18 @@ the same bits:
     ReduceMean (axis 1, [N,T,C]) kernels.mean_over_axis_1         "mean_axis_1"
     ReduceMax, ReduceMin         kernels.extreme_over_middle_axes "extreme_middle" (keepdims, smallest)
       (the middle axes: [N, *positions, C], a channels-last global max pool)
+    ReduceMax, ReduceMin (all)   kernels.extreme_over_middle_axes "extreme_all" (keepdims, smallest)
+      (every value, as [1, values, 1])
     GlobalMaxPool                kernels.extreme_over_middle_axes "global_max" (of [N, C, *spatial])
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
+    Log                          lpt.numerics.exp.log             "log"
     Gather (a constant table)    numpy's take                     "gather"
     MatMul (constant [k, n])     kernels.dense                    "dense" (try_spectrum_step: of a power spectrum)
     Conv (an STFT's: [N, 1, L])  kernels.stft_convolution         "dense" of the frames (try_spectrum_step)
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
     Pad (constant)               numpy's pad                      "pad" (int8_steps.pad_step)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
-    Cast between float32, bool   numpy's astype                   none
+    Cast between float32, bool   numpy's astype                   "identity" from float32 to float32, else none
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
 a Gather from a constant table where the model's input holds its indices (a token embedding), and the
@@ -65,7 +69,7 @@ from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
-from lpt.numerics.exp import erf, sigmoid, tanh
+from lpt.numerics.exp import erf, log, sigmoid, tanh
 
 _FLOAT = ir.DataType.FLOAT
 _BINARY = {"Mul": (np.multiply, "mul"), "Add": (np.add, "add"), "Sub": (np.subtract, "sub"), "Div": (np.divide, "div")}
@@ -84,7 +88,7 @@ def _float_step(run, inputs, node, native) -> tuple:
 # run time, one such step at the range's end moves every value's level: measured on ddddocr_common_old_dynq
 # (already quantized that way), lpt's Sigmoid took its output from onnxruntime's bits to 39.5 dB of them.
 OWN_FLOAT_RESULTS = ("GlobalAveragePool", "AveragePool", "ReduceMean", "Sigmoid", "Tanh", "Erf", "Softmax",
-                     "LayerNormalization", "BatchNormalization", "ReduceSum")
+                     "LayerNormalization", "BatchNormalization", "ReduceSum", "Log")
 
 
 def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
@@ -106,7 +110,9 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return None
     if node.op_type == "Cast" and node.inputs[0].dtype in _CASTS and ir.DataType(attribute(node, "to", 0)) in _CASTS:
         to = _CASTS[ir.DataType(attribute(node, "to"))]
-        return _float_step(lambda a: [np.asarray(a).astype(to)], [node.inputs[0]], node, None)
+        unchanged = node.inputs[0].dtype == _FLOAT and to is np.float32
+        return _float_step(lambda a: [np.asarray(a).astype(to)], [node.inputs[0]], node,
+                           ("identity", None) if unchanged else None)
     if node.inputs[0].dtype != _FLOAT:
         return None
     if node.op_type in _COMPARISONS and len(node.inputs) == 2 and node.inputs[1] is not None \
@@ -139,6 +145,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
         return _float_step(lambda a: [kernels.relu(a)], [x], node, ("relu", None))
     if node.op_type == "Sqrt":
         return _float_step(lambda a: [np.sqrt(a)], [x], node, ("sqrt", None))
+    if node.op_type == "Log":
+        return _float_step(lambda a: [log(a)], [x], node, ("log", None))
     if node.op_type == "Pow" and (exponent := const_array(node.inputs[1])) is not None and exponent.size == 1 \
             and float(exponent.reshape(())) == 2.0:  # x·x, one rounding, as pow(x, 2) rounds it
         return _float_step(lambda a, b: [a * b], [x, x], node, ("binary", "mul"))
@@ -412,8 +420,11 @@ def _layer_norm(node: ir.Node) -> tuple | None:
 
 
 def _slope_and_clip(node: ir.Node) -> tuple | None:
-    """LeakyRelu, Clip, and Max/Min with one constant, as the output stage's post-op reads them (chains.read_post_op)."""
+    """LeakyRelu, Clip, and Max/Min with one constant, as the output stage's post-op reads them (chains.read_post_op);
+    a Clip whose bounds are made at run time too (_clip_by_values)."""
     runtime = [v for v in node.inputs if v is not None and const_array(v) is None]
+    if node.op_type == "Clip" and len(runtime) > 1 and runtime[0] is node.inputs[0]:
+        return _clip_by_values(node)
     if len(runtime) != 1 or runtime[0].dtype != _FLOAT:
         return None
     op = read_post_op(node, runtime[0])
@@ -424,6 +435,30 @@ def _slope_and_clip(node: ir.Node) -> tuple | None:
     else:
         return None
     return _float_step(lambda a: [kernels.slope_and_clip(a, *parameters)], runtime, node, ("clip", parameters))
+
+
+def _clip_by_values(node: ir.Node) -> tuple | None:
+    """Clip (opset 11 on) whose min or max another op makes (one value, as ONNX's Clip takes): kernels.slope_and_clip
+    with that value. oww_melspectrogram clips its log-mel spectrum below at its maximum less 80 dB."""
+    x, bounds = node.inputs[0], [node.inputs[i] if len(node.inputs) > i else None for i in (1, 2)]
+    if any(v is not None and v.dtype != _FLOAT for v in (x, *bounds)):
+        return None
+    given = [None if v is None else const_array(v) for v in bounds]
+    if any(g is not None and g.size != 1 for g in given):
+        return None
+    constant = [float(np.float32(-np.inf if i == 0 else np.inf)) if v is None else None if g is None
+                else float(g.reshape(-1)[0]) for i, (v, g) in enumerate(zip(bounds, given))]
+    read = [v for v, value in zip(bounds, constant) if value is None]
+    name = node.name
+
+    def clip(a, *values):
+        if any(np.size(v) != 1 for v in values):
+            raise DataError(f"node {name!r} (Clip): a bound of {np.size(values[0])} values, not one")
+        it = iter(values)
+        low, high = (float(np.asarray(next(it)).reshape(-1)[0]) if value is None else value for value in constant)
+        return [kernels.slope_and_clip(a, 1.0, low, high)]
+
+    return _float_step(clip, [x, *read], node, ("clip", (1.0, *constant)))
 
 
 def _batch_norm(node: ir.Node) -> tuple | None:
@@ -457,11 +492,22 @@ def _reduced_axes(node: ir.Node) -> list[int] | None:
 
 
 def _reduce_extreme(node: ir.Node) -> tuple | None:
-    """ReduceMax or ReduceMin over the middle axes of [N, *positions, C]: a channels-last global max pool."""
+    """ReduceMax or ReduceMin over the middle axes of [N, *positions, C] (a channels-last global max pool), or over
+    every axis (oww_melspectrogram's maximum, which its Clip reads)."""
     x, axes = node.inputs[0], _reduced_axes(node)
+    keepdims, smallest = bool(attribute(node, "keepdims", 1)), node.op_type == "ReduceMin"
+    every_axis = (attribute(node, "axes") is None and (len(node.inputs) < 2 or node.inputs[1] is None)
+                  and not attribute(node, "noop_with_empty_axes", 0))
+    if every_axis and x.shape is not None:
+        rank = len(x.shape)
+
+        def extreme(a):
+            flat = np.asarray(a).reshape(1, -1, 1)
+            return [kernels.extreme_over_middle_axes(flat, False, smallest).reshape((1,) * rank if keepdims else ())]
+
+        return _float_step(extreme, [x], node, ("extreme_all", (keepdims, smallest)))
     if axes is None or len(x.shape) < 3 or axes != list(range(1, len(x.shape) - 1)):
         return None
-    keepdims, smallest = bool(attribute(node, "keepdims", 1)), node.op_type == "ReduceMin"
     return _float_step(lambda a: [kernels.extreme_over_middle_axes(a, keepdims, smallest)], [x], node,
                        ("extreme_middle", (keepdims, smallest)))
 

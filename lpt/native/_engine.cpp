@@ -1133,9 +1133,10 @@ enum class Code {
     resize_nearest,  // values of any type
     // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, tanh_gelu,
-    sqrt, affine,
+    sqrt, log, affine,
     binary,
-    concat, softmax, layer_norm, moment_layer_norm, mean_axis_1, mean_last_axis, extreme_middle, global_max, gather,
+    concat, softmax, layer_norm, moment_layer_norm, mean_axis_1, mean_last_axis, extreme_middle, extreme_all, global_max,
+    gather,
     pad, slice,  // values of any type
     one_hot,     // integers → 8-bit levels
     dense,       // a float32 MatMul or an STFT's Conv by constant weights
@@ -1158,6 +1159,7 @@ struct Instruction {
     float a_shift = 0, a_scale = 1, b_shift = 0, b_scale = 1, scale = 1;
     float alpha = 0, offset = 0;  // hard_sigmoid: α and β; clip: α, the slope below 0; gelu: divisor, one
     float low = 0, high = 0;              // clip
+    bool low_read = false, high_read = false;  // clip: the bound is an input (one value), after the source
     float cube = 0, root = 0, one = 0, half = 0;  // tanh_gelu
     int zero_point = 0, qmin = 0, qmax = 255;
     lpt_ops::Destination to;  // join
@@ -1406,6 +1408,11 @@ void check_reduced_shapes(const Instruction &ins, const std::vector<Slot> &slots
     }
 }
 
+float one_value(const Slot &s, const char *what) {
+    if (s.type != 'f' || s.count() != 1) throw Unsupported(std::string(what) + " by other than one float32 value");
+    return *static_cast<const float *>(s.data);
+}
+
 const void *channels_first(const Slot &a, Program &program) {
     if (!a.transposed()) return a.data;
     unsigned char *order = program.scratch.get(a.count() * a.item());
@@ -1624,6 +1631,7 @@ void step(Program &program, const Instruction &ins) {
         case Code::hard_swish:
         case Code::hard_sigmoid:
         case Code::sqrt:
+        case Code::log:
         case Code::gelu:
         case Code::tanh_gelu:
         case Code::erf: {  // elementwise: either layout
@@ -1638,7 +1646,14 @@ void step(Program &program, const Instruction &ins) {
                 lpt_ops::tanh_gelu(in, a.count(), ins.cube, ins.root, ins.one, ins.half, o, program.threads);
             else if (ins.code == Code::relu) lpt_ops::relu(in, a.count(), o, program.threads);
             else if (ins.code == Code::sqrt) lpt_ops::square_root(in, a.count(), o, program.threads);
-            else if (ins.code == Code::clip) lpt_ops::slope_and_clip(in, a.count(), ins.alpha, ins.low, ins.high, o, program.threads);
+            else if (ins.code == Code::clip) {
+                float low = ins.low, high = ins.high;
+                size_t next = 1;
+                if (ins.low_read) low = one_value(slots[ins.in[next++]], "a clip");
+                if (ins.high_read) high = one_value(slots[ins.in[next++]], "a clip");
+                lpt_ops::slope_and_clip(in, a.count(), ins.alpha, low, high, o, program.threads);
+            }
+            else if (ins.code == Code::log) lpt_ops::log(in, a.count(), o, program.threads);
             else if (ins.code == Code::sigmoid) lpt_ops::sigmoid(in, a.count(), o, program.threads);
             else if (ins.code == Code::tanh) lpt_ops::tanh(in, a.count(), o, program.threads);
             else if (ins.code == Code::hard_sigmoid) lpt_ops::hard_sigmoid(in, a.count(), ins.alpha, ins.offset, o, program.threads);
@@ -1909,6 +1924,13 @@ void step(Program &program, const Instruction &ins) {
                                           static_cast<float *>(out.allocate('f', images * channels)), program.threads);
             break;
         }
+        case Code::extreme_all: {  // every value: [] or [1, …, 1] with keepdims
+            if (a.type != 'f') throw Unsupported("a max or min of other than float32 values");
+            out.dims.assign(ins.keepdims ? a.dims.size() : 0, 1);
+            lpt_ops::extreme_of_positions(static_cast<const float *>(channels_first(a, program)), 1, a.count(), 1,
+                                          ins.smallest, static_cast<float *>(out.allocate('f', 1)), 1);
+            break;
+        }
         case Code::slice: {  // ins.shape: starts, ends, axes and steps, one quarter each, as ONNX's Slice
             const int64_t rank = (int64_t)a.dims.size(), n = (int64_t)ins.shape.size() / 4;
             if (a.type != 'f' && !a.eight_bit()) throw Unsupported("a slice of other than float32 or 8-bit values");
@@ -2086,6 +2108,7 @@ bool reads_fit(const Instruction &ins) {
         case Code::moment_layer_norm: return reads >= 1;  // its source, then the shapes it checks
         case Code::one_hot: return reads == 1 || reads == 2;  // its integers, then its Expand's shape if any
         case Code::reshape: return reads == 1u + ins.shape_read;  // its source, then its target if computed
+        case Code::clip: return reads == 1u + ins.low_read + ins.high_read;  // its source, then the bounds it reads
         default: return reads == 1;
     }
 }
@@ -2093,7 +2116,7 @@ bool reads_fit(const Instruction &ins) {
 // The instructions that take no parameters (their extra is None)
 const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
-    {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"concat", Code::concat},
+    {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"log", Code::log}, {"concat", Code::concat},
     {"softmax", Code::softmax}, {"global_max", Code::global_max}};
 
 PyObject *py_program(PyObject *, PyObject *args) {
@@ -2192,9 +2215,14 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     ins.beta = float_vector(b, "affine's b");
                     if (ins.gamma.size() != ins.beta.size()) throw std::invalid_argument("affine's a and b differ in size");
                 }
-            } else if (k == "clip") {  // (slope, low, high)
+            } else if (k == "clip") {  // (slope, low, high): a bound None is the next input's one value
+                PyObject *low, *high;
                 ins.code = Code::clip;
-                parsed = PyArg_ParseTuple(extra, "fff", &ins.alpha, &ins.low, &ins.high);
+                parsed = PyArg_ParseTuple(extra, "fOO", &ins.alpha, &low, &high);
+                ins.low_read = parsed && low == Py_None, ins.high_read = parsed && high == Py_None;
+                if (parsed && !ins.low_read) ins.low = (float)PyFloat_AsDouble(low);
+                if (parsed && !ins.high_read) ins.high = (float)PyFloat_AsDouble(high);
+                parsed = parsed && !PyErr_Occurred();
             } else if (k == "hard_sigmoid") {  // (alpha, beta)
                 ins.code = Code::hard_sigmoid;
                 parsed = PyArg_ParseTuple(extra, "ff", &ins.alpha, &ins.offset);
@@ -2216,9 +2244,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 if (parsed) ins.shape = int_sequence(pads, "pad's pads");
                 if (parsed && (ins.shape.size() % 2 || std::any_of(ins.shape.begin(), ins.shape.end(), [](int64_t p) { return p < 0; })))
                     throw std::invalid_argument("a pad's pads are a begin and an end per axis, none negative");
-            } else if (k == "extreme_middle") {  // (keepdims, smallest)
+            } else if (k == "extreme_middle" || k == "extreme_all") {  // (keepdims, smallest)
                 int keepdims, smallest;
-                ins.code = Code::extreme_middle;
+                ins.code = k == "extreme_all" ? Code::extreme_all : Code::extreme_middle;
                 parsed = PyArg_ParseTuple(extra, "pp", &keepdims, &smallest);
                 ins.keepdims = keepdims;
                 ins.smallest = smallest;

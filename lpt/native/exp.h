@@ -1,4 +1,4 @@
-// lpt's float32 exp, Sigmoid, tanh and erf, the sequences of float32 operations lpt/numerics/exp.py spells out and
+// lpt's float32 exp, Sigmoid, tanh, erf and log, the sequences of float32 operations lpt/numerics/exp.py spells out and
 // explains (they are lpt's NumPy kernels'). Built with -ffp-contract=off, each line below is the same
 // rounded operation as there; s16.cpp has the eight-lane forms, built from these constants.
 #pragma once
@@ -38,6 +38,11 @@ alignas(32) constexpr float ERF_TERMS[ERF_DEGREE + 1][8] = {
     {1.105305552e+00f, 9.482074976e-01f, 7.709987462e-02f, 1.332832873e-02f, 1.462716726e-03f, 1.006219100e-04f,
      4.302769867e-06f, 1.137258892e-07f},
 };
+constexpr float LOG_TERMS[] = {7.0376836292e-2f, -1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f,
+                               1.4249322787e-1f, -1.6668057665e-1f, 2.0000714765e-1f, -2.4999993993e-1f,
+                               3.3333331174e-1f};
+constexpr float SQRT_HALF = 0.707106781186547524f, SMALLEST_NORMAL = 1.17549435e-38f, TWO_TO_23 = 8388608.0f;
+
 alignas(32) constexpr float ERF_CENTRES[8] = {0.25f, 0.75f, 1.25f, 1.75f, 2.25f, 2.75f, 3.25f, 3.75f};
 
 inline float exp(float t) {
@@ -56,6 +61,29 @@ inline float exp(float t) {
     float two_to_n;
     __builtin_memcpy(&two_to_n, &bits, sizeof two_to_n);
     return ((p * (r * r) + r) + 1.0f) * two_to_n;
+}
+
+inline float log(float x) {
+    if (x != x) return x;
+    if (x < 0.0f) return __builtin_nanf("");
+    if (x == 0.0f) return -__builtin_inff();
+    if (x == __builtin_inff()) return x;
+    const bool subnormal = x < SMALLEST_NORMAL;
+    const float normal = subnormal ? x * TWO_TO_23 : x;
+    int bits;
+    __builtin_memcpy(&bits, &normal, sizeof bits);
+    const int e = ((bits >> 23) & 0xFF) - 126 - (subnormal ? 23 : 0);
+    bits = (bits & 0x007FFFFF) | 0x3F000000;
+    float m;
+    __builtin_memcpy(&m, &bits, sizeof m);
+    const bool below = m < SQRT_HALF;
+    const float f = (below ? m + m : m) - 1.0f, fe = (float)(e - (below ? 1 : 0)), z = f * f;
+    float q = LOG_TERMS[0];
+    for (int i = 1; i < 9; ++i) q = q * f + LOG_TERMS[i];
+    float y = (q * f) * z;
+    y = y + fe * LN2_LO;
+    y = y - 0.5f * z;
+    return (f + y) + fe * LN2_HI;
 }
 
 inline float sigmoid(float x) {
@@ -193,6 +221,33 @@ __attribute__((target("avx2"))) inline void erf_lanes_n(__m256 *x) {
 __attribute__((target("avx2"))) inline __m256 erf_lanes(__m256 x) {
     erf_lanes_n<1>(&x);
     return x;
+}
+
+// log on eight lanes: every lane takes the polynomial, then the special values their own (NaN below 0 and
+// for NaN, −inf at ±0, +inf at +inf).
+__attribute__((target("avx2"))) inline __m256 log_lanes(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 subnormal = _mm256_cmp_ps(_mm256_andnot_ps(sign, x), _mm256_set1_ps(SMALLEST_NORMAL), _CMP_LT_OQ);
+    const __m256i bits = _mm256_castps_si256(_mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(TWO_TO_23)), subnormal));
+    __m256i e = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF)), _mm256_set1_epi32(126));
+    e = _mm256_sub_epi32(e, _mm256_and_si256(_mm256_castps_si256(subnormal), _mm256_set1_epi32(23)));
+    const __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
+                                                         _mm256_set1_epi32(0x3F000000)));
+    const __m256 below = _mm256_cmp_ps(m, _mm256_set1_ps(SQRT_HALF), _CMP_LT_OQ);
+    const __m256 f = _mm256_sub_ps(_mm256_blendv_ps(m, _mm256_add_ps(m, m), below), one);
+    const __m256 fe = _mm256_cvtepi32_ps(_mm256_add_epi32(e, _mm256_castps_si256(below)));  // below: all bits set, −1
+    const __m256 z = _mm256_mul_ps(f, f);
+    __m256 q = _mm256_set1_ps(LOG_TERMS[0]);
+    for (int i = 1; i < 9; ++i) q = _mm256_add_ps(_mm256_mul_ps(q, f), _mm256_set1_ps(LOG_TERMS[i]));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(q, f), z);
+    y = _mm256_add_ps(y, _mm256_mul_ps(fe, _mm256_set1_ps(LN2_LO)));
+    y = _mm256_sub_ps(y, _mm256_mul_ps(_mm256_set1_ps(0.5f), z));
+    y = _mm256_add_ps(_mm256_add_ps(f, y), _mm256_mul_ps(fe, _mm256_set1_ps(LN2_HI)));
+    const __m256 zero = _mm256_setzero_ps(), infinity = _mm256_set1_ps(__builtin_inff());
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_nanf("")), _mm256_cmp_ps(x, zero, _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_xor_ps(infinity, sign), _mm256_cmp_ps(x, zero, _CMP_EQ_OQ));
+    y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, infinity, _CMP_EQ_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 }  // namespace lpt_exp

@@ -250,6 +250,12 @@ __attribute__((target("avx2"))) void sigmoid_avx2(const float *x, int64_t n, flo
     for (; i < n; ++i) out[i] = lpt_exp::sigmoid(x[i]);
 }
 
+__attribute__((target("avx2"))) void log_avx2(const float *x, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lpt_exp::log_lanes(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) out[i] = lpt_exp::log(x[i]);
+}
+
 inline float slope_and_clip_value(float v, float slope, float low, float high) {
     if (slope != 1.0f) v = v < 0.0f ? v * slope : v;
     v = v < low ? low : v;  // a NaN stays NaN
@@ -305,6 +311,14 @@ void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out
     each_block(n, threads, [&](int64_t start, int64_t count) {
         if (avx2) hard_sigmoid_avx2(x + start, count, alpha, beta, out + start);
         else for (int64_t i = start; i < start + count; ++i) out[i] = hard_sigmoid_value(x[i], alpha, beta);
+    });
+}
+
+void log(const float *x, int64_t n, float *out, int threads) {
+    const bool avx2 = eight_lanes();
+    each_block(n, threads, [&](int64_t start, int64_t count) {
+        if (avx2) log_avx2(x + start, count, out + start);
+        else for (int64_t i = start; i < start + count; ++i) out[i] = lpt_exp::log(x[i]);
     });
 }
 

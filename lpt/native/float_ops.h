@@ -45,6 +45,8 @@ void binary_quantized(char op, const float *big, const float *small, bool small_
 void relu(const float *x, int64_t n, float *out, int threads);
 // min(max(x·α + β, 0), 1) as numpy's minimum and maximum compute it (a NaN stays).
 void hard_sigmoid(const float *x, int64_t n, float alpha, float beta, float *out, int threads);
+// lpt's log (exp.h) of each value.
+void log(const float *x, int64_t n, float *out, int threads);
 // lpt's sigmoid (exp.h) of each value.
 void sigmoid(const float *x, int64_t n, float *out, int threads);
 // x·a[c] + b[c] over [images, channels, positions] (or [images, positions, channels] with `channels_last`).

@@ -1,4 +1,4 @@
-"""lpt's float32 exp, Sigmoid, tanh and erf: fixed sequences of float32 operations, so that NumPy and the native
+"""lpt's float32 exp, Sigmoid, tanh, erf and log: fixed sequences of float32 operations, so that NumPy and the native
 engine (lpt/native/exp.h) compute them to the same bit on every CPU.
 
 numpy's exp is not such a sequence: it dispatches to SIMD code chosen by the CPU, and the C library's
@@ -24,6 +24,14 @@ it is spelled out here:
                       a < 4:  1 − p   (p ≈ erfc(a): absolute accuracy where erf is near 1)
                       else:   1
                       then x's sign (copysign), and x where x is NaN
+
+    log(x):  x < 2^−126: x·2^23, and 23 less in e below       (a subnormal made normal, exactly)
+             m = x's mantissa in [0.5, 1), e its exponent       (from its bits: x = m·2^e)
+             m < √½: m = m + m, e = e − 1                        (then m − 1 is in [−0.29, 0.41))
+             f = m − 1, z = f·f
+             q = L0; q = q·f + L1; ... q = q·f + L8      (Cephes' logf polynomial, degree 8, Horner)
+             y = (q·f)·z;  y = y + e·LN2_LO;  y = y − 0.5·z;  log(x) = (f + y) + e·LN2_HI
+             then NaN below 0 and for NaN, −inf at ±0, +inf at +inf
 
 Every step is one float32 operation, rounded to nearest even, with no fused multiply-add. The clamp
 keeps every value normal: exp(t) for t < −86 is 4.4e−38 instead of smaller, sigmoid(x) for x < −87
@@ -74,6 +82,11 @@ TANH_NEAR = tuple(np.float32(c) for c in (-5.70498872745e-3, 2.06390887954e-2, -
                                           -3.33332819422e-1))
 TANH_SPLIT, TWO = np.float32(0.625), np.float32(2.0)
 ERF_ONE = np.float32(4.0)  # and above: 1
+LOG_TERMS = tuple(np.float32(c) for c in (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+                                          1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+                                          3.3333331174e-1))
+SQRT_HALF, HALF = np.float32(0.707106781186547524), np.float32(0.5)
+SMALLEST_NORMAL, TWO_TO_23 = np.float32(2.0**-126), np.float32(2.0**23)
 
 
 def exp(t: np.ndarray) -> np.ndarray:
@@ -120,6 +133,29 @@ def erf(x: np.ndarray) -> np.ndarray:
         y = np.where(a < ONE, a * p, ONE - p)
     y = np.where(a < ERF_ONE, y, ONE)
     return np.where(np.isnan(x), x, np.copysign(y, x))
+
+
+def log(x: np.ndarray) -> np.ndarray:
+    """The natural logarithm of a float32 array, as the sequence above (a new array)."""
+    x = np.asarray(x, dtype=np.float32)
+    subnormal = np.abs(x) < SMALLEST_NORMAL
+    with np.errstate(over="ignore"):  # the large values, whose product is not taken
+        bits = np.where(subnormal, x * TWO_TO_23, x).view(np.int32)
+    e = ((bits >> 23) & 0xFF) - 126 - np.where(subnormal, 23, 0)
+    m = ((bits & 0x007FFFFF) | 0x3F000000).view(np.float32)
+    below = m < SQRT_HALF
+    f = np.where(below, m + m, m) - ONE
+    e = (e - below).astype(np.float32)
+    z = f * f
+    y = (_horner(LOG_TERMS, f) * f) * z
+    y = y + e * LN2_LO
+    y = y - HALF * z
+    y = (f + y) + e * LN2_HI
+    with np.errstate(invalid="ignore"):
+        y = np.where(x < 0, np.float32(np.nan), y)
+    y = np.where(x == 0, np.float32(-np.inf), y)
+    y = np.where(x == np.inf, x, y)
+    return np.where(np.isnan(x), x, y)
 
 
 def _horner(coefficients, v):

@@ -18,7 +18,7 @@ from lpt.kernels import (average_pool, dense, extreme_over_middle_axes, gelu, ha
 from lpt.native import Unsupported
 from lpt.kernels.quantize import one_hot_levels, quantize
 from lpt.native.program import Program
-from lpt.numerics.exp import erf, sigmoid, tanh
+from lpt.numerics.exp import erf, log, sigmoid, tanh
 
 @pytest.fixture(autouse=True, scope="module", params=["eight lanes", "one lane"])
 def lanes(request):
@@ -517,3 +517,36 @@ def test_a_dense_product_gives_way_where_its_source_does_not_fit():
                        (matmul, np.ones((2, 8), np.uint8))):
         with pytest.raises(Unsupported):
             program(x)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_log_is_lpts_on_every_lane_and_the_tail(layout):
+    """Subnormals, both sides of √½, 1, the specials (NaN with its payload, ±0, ±inf, below 0), then lanes of
+    either kind of value mixed: 35 per row, so a tail past the last vector."""
+    rng = np.random.default_rng(11)
+    y, x = run(rng, (2, 35, 3, 1), layout, ("log", ["x"], "y", None), special=True)
+    assert same_bits(y, log(x))
+    values = np.float32([1e-45, 3e-39, -1e-40, np.sqrt(0.5), np.nextafter(np.float32(np.sqrt(0.5)), np.float32(0)), 1.0,
+                         np.finfo(np.float32).max, np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, -2.0, 0.5, 7.0, 1e-3])
+    values = np.concatenate([values, np.float32(rng.lognormal(0, 20, 47))])
+    [y] = Program([("log", ["x"], "y", None)], ["x"], ["y"], threads=1)(values)
+    assert same_bits(y, log(values))
+
+
+def test_a_clip_by_bounds_made_at_run_time_and_an_extreme_of_every_value():
+    """oww_melspectrogram's tail: the maximum of every value (NaN wins, as the fold of extreme_over_middle_axes),
+    less 80, clips the values below; a bound of other than one value gives way."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(0, 30, (1, 1, 5, 32)).astype(np.float32)
+    program = Program([("extreme_all", ["x"], "m", (False, False)), ("extreme_all", ["x"], "k", (True, True)),
+                       ("binary", ["m", "eighty"], "low", "sub"), ("clip", ["x", "low"], "y", (1.0, None, 25.0))],
+                      ["x", "eighty"], ["y", "m", "k"], threads=1)
+    eighty = np.float32(80.0)
+    for values in (x, np.where(np.arange(160).reshape(x.shape) == 7, np.float32(np.nan), x)):
+        y, m, k = program(values, eighty)
+        top = extreme_over_middle_axes(values.reshape(1, -1, 1), False).reshape(())
+        assert same_bits(m, top) and m.shape == ()
+        assert same_bits(k, extreme_over_middle_axes(values.reshape(1, -1, 1), False, smallest=True).reshape(1, 1, 1, 1))
+        assert same_bits(y, slope_and_clip(values, 1.0, float(top - eighty), 25.0))
+    with pytest.raises(Unsupported):
+        Program([("clip", ["x", "low"], "y", (1.0, None, 25.0))], ["x", "low"], ["y"], threads=1)(x, np.ones(2, np.float32))

@@ -1,4 +1,4 @@
-"""lpt's float32 Sigmoid, tanh and erf (lpt.numerics.exp): accurate, and defined where numpy's exp is not the same
+"""lpt's float32 Sigmoid, tanh, erf and log (lpt.numerics.exp): accurate, and defined where numpy's exp is not the same
 everywhere."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from lpt.numerics.exp import erf, sigmoid, tanh
+from lpt.numerics.exp import erf, log, sigmoid, tanh
 
 
 def test_within_three_ulp_of_the_exact_sigmoid():
@@ -77,3 +77,20 @@ def test_erf_within_two_ulp_of_the_exact_one_on_each_of_its_intervals():
     assert np.array_equal(np.signbit(ours), np.signbit(x))  # odd, −0 included
     got = erf(np.float32([np.nan, np.inf, -np.inf, 4.0, 1e30, -1e30]))
     assert np.isnan(got[0]) and got[1] == got[3] == got[4] == 1 and got[2] == got[5] == -1
+
+
+def test_log_within_one_ulp_of_the_exact_one_from_subnormals_to_the_largest():
+    """Both sides of √½ (where the mantissa is doubled), around 1 (where log is near 0: its relative accuracy),
+    powers of two, subnormals (scaled by 2^23 first) and the largest float32."""
+    x = np.concatenate([np.linspace(1e-3, 100, 2_000_001, dtype=np.float32), np.float32(2.0) ** np.arange(-149, 128),
+                        np.float32(10.0) ** np.arange(-45, 38.5, 0.01, dtype=np.float32),
+                        np.linspace(0.999, 1.001, 100_001, dtype=np.float32),
+                        np.float32([np.sqrt(0.5)]) * np.float32([1, 2, 4]), np.finfo(np.float32).max[None]])
+    x = x[x > 0]
+    exact = np.log(x.astype(np.float64))
+    ours = log(x)
+    ulp = np.abs(ours - exact) / np.spacing(np.abs(exact).astype(np.float32))
+    assert ulp[exact != 0].max() <= 1 and np.all(ours[exact == 0] == 0)
+    got = log(np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0]))
+    assert np.isnan(got[0]) and got[1] == np.inf and np.isnan(got[2]) and got[3] == got[4] == -np.inf
+    assert np.isnan(got[5]) and got[6] == 0 and not np.signbit(got[6])
