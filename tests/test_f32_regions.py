@@ -907,3 +907,21 @@ def test_an_stft_of_a_signal_onnxruntime_makes_stays_in_its_region():
     """Taken, it would cut the region of the ops before it in two (silero_vad_16k_op15's reflection Pad)."""
     plan = compile_model(ir_model(spectrogram(source_op="Abs")))
     assert regions(plan) == [("Abs", "Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul", "Clip", "Log", "Mul", "ReduceMax", "Sub", "Cast", "Clip")]
+
+
+def test_a_clip_by_a_bound_made_at_run_time_takes_one_value():
+    from lpt.backend.float_steps import try_float_step
+    from lpt.errors import DataError
+
+    clipped = ir_model(model([helper.make_node("Clip", ["x", "low", "high"], ["y"])],
+                             {"x": [2, 3], "low": [], "high": []}, {"y": [2, 3]}))
+    [node] = list(clipped.graph)
+    step, nodes = try_float_step(node)
+    assert step.native == ("clip", (1.0, None, None)) and nodes == [node]
+    x = np.float32([[-2, 0.5, 3], [np.nan, 1, -0.0]])
+    low, high = np.array(0, np.float32), np.array(1, np.float32)
+    [y] = step.run(x, low, high)
+    np.testing.assert_array_equal(y, kernels.slope_and_clip(x, 1.0, 0.0, 1.0))
+    np.testing.assert_array_equal(y, run_onnxruntime(clipped, {"x": x, "low": low, "high": high})["y"])
+    with pytest.raises(DataError, match="a bound of 2 values, not one"):
+        step.run(x, low, np.float32([0, 1]))

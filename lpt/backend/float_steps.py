@@ -452,8 +452,9 @@ def _clip_by_values(node: ir.Node) -> tuple | None:
     name = node.name
 
     def clip(a, *values):
-        if any(np.size(v) != 1 for v in values):
-            raise DataError(f"node {name!r} (Clip): a bound of {np.size(values[0])} values, not one")
+        for v in values:
+            if np.size(v) != 1:
+                raise DataError(f"node {name!r} (Clip): a bound of {np.size(v)} values, not one")
         it = iter(values)
         low, high = (float(np.asarray(next(it)).reshape(-1)[0]) if value is None else value for value in constant)
         return [kernels.slope_and_clip(a, 1.0, low, high)]
