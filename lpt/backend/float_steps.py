@@ -446,8 +446,9 @@ def _clip_by_values(node: ir.Node) -> tuple | None:
     given = [None if v is None else const_array(v) for v in bounds]
     if any(g is not None and g.size != 1 for g in given):
         return None
-    constant = [float(np.float32(-np.inf if i == 0 else np.inf)) if v is None else None if g is None
-                else float(g.reshape(-1)[0]) for i, (v, g) in enumerate(zip(bounds, given))]
+    constant = []  # each bound's value, or None where it is read at run time
+    for bound, value, absent in zip(bounds, given, (-np.inf, np.inf)):
+        constant.append(absent if bound is None else None if value is None else float(value.reshape(-1)[0]))
     read = [v for v, value in zip(bounds, constant) if value is None]
     name = node.name
 

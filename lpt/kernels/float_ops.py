@@ -125,10 +125,10 @@ def dense(x, weights, bias=None) -> np.ndarray:
 
 
 def stft_convolution(x, weights, stride: int, bias=None) -> np.ndarray:
-    """ONNX Conv of x [N, 1, length] (or [N, length]) by weights [C, 1, k] with `stride`, no padding nor
+    """ONNX Conv of x [N, 1, length] by weights [C, 1, k] with `stride`, no padding nor
     dilation, as `dense` of each frame x[t·stride : t·stride + k] by weights[:, 0].T: [N, C, frames]."""
     x = np.asarray(x, np.float32)
-    signal = x.reshape(x.shape[0], x.shape[-1])
+    signal = x[:, 0]
     k = weights.shape[-1]
     frames = np.lib.stride_tricks.sliding_window_view(signal, k, axis=-1)[:, ::stride]
     return np.ascontiguousarray(dense(frames, np.asarray(weights)[:, 0].T, bias).transpose(0, 2, 1))
