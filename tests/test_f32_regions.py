@@ -9,6 +9,7 @@ import lpt
 from lpt import kernels
 from lpt.backend import compile_model
 from lpt.crosscheck import run_onnxruntime
+from lpt.errors import DataError
 from lpt.normalize import normalize
 from tests.graphs import ir_model, model
 from tests.native.test_native_float_ops import moments_one_by_one
@@ -898,6 +899,12 @@ def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
     assert ours.min() == ours.max() - np.float32(5)  # clipped by a bound made at run time: the quiet bins
 
 
+def test_a_signal_shorter_than_the_stfts_frame_is_refused_in_one_line():
+    plan = compile_model(ir_model(spectrogram()))
+    with pytest.raises(DataError, match=r"^node '.*' \(Conv\): 8 samples, fewer than its kernel's 11$"):
+        plan.run({"x": np.ones((1, 8), np.float32)})
+
+
 def test_a_padded_convolution_of_a_signal_stays_with_onnxruntime():
     plan = compile_model(ir_model(spectrogram(pads=(2, 2))))
     assert regions(plan) == [("Unsqueeze", "Conv", "Conv", "Transpose", "Transpose", "Pow", "Mul", "Add", "MatMul", "Clip", "Log", "Mul", "ReduceMax", "Sub", "Cast", "Clip")]
@@ -911,7 +918,6 @@ def test_an_stft_of_a_signal_onnxruntime_makes_stays_in_its_region():
 
 def test_a_clip_by_a_bound_made_at_run_time_takes_one_value():
     from lpt.backend.float_steps import try_float_step
-    from lpt.errors import DataError
 
     clipped = ir_model(model([helper.make_node("Clip", ["x", "low", "high"], ["y"])],
                              {"x": [2, 3], "low": [], "high": []}, {"y": [2, 3]}))
