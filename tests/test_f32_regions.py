@@ -890,7 +890,8 @@ def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
     fp32 = ir_model(spectrogram())
     plan = compile_model(fp32)
     assert {s.backend for s in plan.steps} == {"lpt float32"}
-    assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Unsqueeze", "Conv", "Conv")
+    if lpt.native.available():
+        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Unsqueeze", "Conv", "Conv")
     x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
     ours = plan.run({"x": x})["y"]
     assert ours.shape == (2, 30, 4)
