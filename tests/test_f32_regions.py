@@ -8,6 +8,7 @@ from onnx import helper
 import lpt
 from lpt import kernels
 from lpt.backend import compile_model
+from lpt.backend.float_steps import try_float_step
 from lpt.crosscheck import run_onnxruntime
 from lpt.errors import DataError
 from lpt.normalize import normalize
@@ -918,8 +919,6 @@ def test_an_stft_of_a_signal_onnxruntime_makes_stays_in_its_region():
 
 
 def test_a_clip_by_a_bound_made_at_run_time_takes_one_value():
-    from lpt.backend.float_steps import try_float_step
-
     clipped = ir_model(model([helper.make_node("Clip", ["x", "low", "high"], ["y"])],
                              {"x": [2, 3], "low": [], "high": []}, {"y": [2, 3]}))
     [node] = list(clipped.graph)

@@ -64,7 +64,8 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import read_gelu, read_moment_layer_norm, read_post_op, read_tanh_gelu, read_written_softmax
+from lpt.backend.chains import (read_gelu, read_moment_layer_norm, read_post_op, read_stft_convolution, read_tanh_gelu,
+                                read_written_softmax)
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, onnx_reshape_dims, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -202,7 +203,7 @@ def frames_signals(node: ir.Node, layers: set[ir.Node]) -> bool:
     `layers` read: a view of lpt's before them."""
     readers = [reader for reader, _ in node.outputs[0].uses()] if node.outputs else []
     return (node.op_type in ("Unsqueeze", "Reshape") and node.domain in ("", "ai.onnx") and bool(readers)
-            and all(r in layers and _stft_convolution(r) is not None for r in readers))
+            and all(r in layers and read_stft_convolution(r) is not None for r in readers))
 
 
 def _dense(node: ir.Node) -> tuple | None:
@@ -215,35 +216,20 @@ def _dense(node: ir.Node) -> tuple | None:
 
 
 def _stft_convolution(node: ir.Node) -> tuple | None:
-    """A Conv of float32 [N, 1, length] by constant float32 weights [C, 1, k] (each frequency's cosine or sine
-    times the window, in an STFT), one group, a bias or none, no padding nor dilation: kernels.stft_convolution."""
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) not in (2, 3):
+    """An STFT's Conv (read_stft_convolution) as kernels.stft_convolution."""
+    found = read_stft_convolution(node)
+    if found is None:
         return None
-    x, weights = node.inputs[0], const_array(node.inputs[1])
-    bias = const_array(node.inputs[2]) if len(node.inputs) == 3 and node.inputs[2] is not None else None
-    if x is None or x.dtype != _FLOAT or x.shape is None or len(x.shape) != 3 or x.shape[1] != 1:
-        return None
-    if weights is None or weights.dtype != np.float32 or weights.ndim != 3 or weights.shape[1] != 1:
-        return None
-    if len(node.inputs) == 3 and node.inputs[2] is not None and (
-            bias is None or bias.dtype != np.float32 or bias.shape != weights.shape[:1]):
-        return None
-    k = weights.shape[2]
-    strides = attribute(node, "strides", [1])
-    plain = (attribute(node, "group", 1) == 1 and list(attribute(node, "dilations", [1])) == [1]
-             and not any(attribute(node, "pads", [0, 0])) and attribute(node, "auto_pad", "NOTSET") in ("NOTSET", "VALID")
-             and list(attribute(node, "kernel_shape", [k])) == [k] and len(strides) == 1 and strides[0] >= 1)
-    if not plain:
-        return None
-    stride, name = int(strides[0]), node.name
+    weights, bias, stride = found
+    name, k = node.name, weights.shape[2]
 
     def convolve(signal):
         if signal.shape[-1] < k:
             raise DataError(f"node {name!r} (Conv): {signal.shape[-1]} samples, fewer than its kernel's {k}")
         return [kernels.stft_convolution(signal, weights, stride, bias)]
 
-    frequencies, bias = np.ascontiguousarray(weights[:, 0].T), None if bias is None else np.ascontiguousarray(bias)
-    return _float_step(convolve, [x], node, ("dense", (frequencies, bias, stride)))
+    frequencies = np.ascontiguousarray(weights[:, 0].T)
+    return _float_step(convolve, [node.inputs[0]], node, ("dense", (frequencies, bias, stride)))
 
 
 def _global_max_pool(x: np.ndarray) -> np.ndarray:

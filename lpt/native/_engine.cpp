@@ -2023,7 +2023,7 @@ void step(Program &program, const Instruction &ins) {
                     throw Unsupported("a float32 MatMul whose source does not fit its weights");
                 out.dims = a.dims;
                 out.dims.back() = ins.width;
-                rows = ins.depth ? a.count() / ins.depth : 0;
+                rows = a.count() / ins.depth;  // the parser refuses a depth of 0
             } else {
                 if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
                     throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
