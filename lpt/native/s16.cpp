@@ -709,11 +709,12 @@ __attribute__((target("avx2"))) void transform_tile(const int16_t *wide, int64_t
 }
 
 // A^T·m·A of each tile's 16 components m [16][count][LANES], divided by 4: y [2 rows][2·count
-// positions][LANES]. The sums wrap modulo 2^32 (vpaddd), the result, 4× an int32 accumulator, does not.
-__attribute__((target("avx2"))) void transform_output(const int32_t (*m)[TILE * LANES], int64_t count,
+// positions][LANES], its first `lanes` (8 or 16) of each. The sums wrap modulo 2^32 (vpaddd), the
+// result, 4× an int32 accumulator, does not.
+__attribute__((target("avx2"))) void transform_output(const int32_t (*m)[TILE * LANES], int64_t count, int64_t lanes,
                                                       int32_t (*y)[2 * TILE * LANES]) {
     for (int64_t j = 0; j < count; ++j)
-        for (int64_t half = 0; half < LANES; half += 8) {
+        for (int64_t half = 0; half < lanes; half += 8) {
             const int64_t at = j * LANES + half;
             __m256i r[2][4];
             for (int col = 0; col < 4; ++col) {
@@ -754,14 +755,17 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
     // [16][TILE][stride] (or [16][tiles][stride] from `first` on, its component_stride says which).
     auto multiply = [&](const int16_t *v, int64_t component_stride, int64_t group, int64_t b) {
         const int64_t first = group * TILE, count = std::min<int64_t>(TILE, tiles - first);
+        // a last block of at most 8 channels (24 = 16 + 8) takes half tiles: a quarter fewer products there
+        const int64_t valid = std::min(LANES, g.out_channels - b * LANES), lanes = valid <= LANES / 2 ? LANES / 2 : LANES;
         alignas(32) int32_t m[16][TILE * LANES];
         for (int64_t component = 0; component < 16; ++component) {
             const int16_t *starts[TILE];
             for (int64_t j = 0; j < count; ++j) starts[j] = v + component * component_stride + j * stride;
-            TILES<>[count](starts, packed + component * component_size + b * c2 * LANES, walk, m[component]);
+            (lanes == LANES ? TILES<> : HALF_TILES<>)[count](starts, packed + component * component_size + b * c2 * LANES,
+                                                            walk, m[component]);
         }
         alignas(32) int32_t y[2][2 * TILE * LANES];
-        transform_output(m, count, y);
+        transform_output(m, count, lanes, y);
         for (int64_t j = 0, run; j < count; j += run) {  // the blocks of one row of blocks, side by side
             const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
             run = std::min(count - j, tiles_w - tx);
@@ -771,7 +775,7 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
             const int64_t x0 = 2 * tx, valid_x = std::min(2 * run, phase_side(out_w - pw, dw) - x0);
             for (int64_t row = 0; row < 2 && ph + dh * (2 * ty + row) < out_h && valid_x > 0; ++row)
                 sink(y[row] + 2 * j * LANES, (n * out_h + ph + dh * (2 * ty + row)) * out_w + pw + dw * x0, valid_x,
-                     dw, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+                     dw, b * LANES, valid);
         }
     };
     if (blocks * LANES < tiles) {
