@@ -24,6 +24,7 @@ from lpt.backend.float_steps import frames_signals, reads_model_input_from_a_tab
 from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.scan_steps import try_scan_step
+from lpt.backend.shape_steps import BACKEND as SHAPES, shape_steps
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
 from lpt.calibration.placement import spectral_power
@@ -170,6 +171,25 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         else:
             f32_nodes.append(node)
     outputs = [v.name for v in graph.outputs]
+    if int8_steps:  # (a plan that is all onnxruntime stays one session)
+        shapes = shape_steps(f32_nodes, set(outputs), constants, opsets)
+        for fused in shapes:
+            claim(*fused)
+        # a node that reads only those, lpt's steps and constants may be lpt's now: a Reshape to a computed target
+        for node in [n for n in f32_nodes if id(n) not in claimed]:
+            if _reads_no_f32_region(node, claimed) and _between_int8_steps(node, claimed, constants, own_results,
+                                                                           inputs_from_lpt):
+                fused = try_float_step(node, own_results)
+                if fused is not None and not any(id(n) in claimed for n in fused[1]):
+                    claim(*fused)
+        # Shape arithmetic only onnxruntime's nodes read stays in their region, which runs anyway: as steps of
+        # their own, silero_vad_16k_op15's four added four calls to its plan and removed no region.
+        for step, nodes in shapes:
+            if not any(id(user) in claimed for n in nodes for v in n.outputs for user, _ in v.uses()
+                       if user not in nodes):
+                claimed.difference_update(id(n) for n in nodes)
+                int8_steps[:] = [unit for unit in int8_steps if unit[0] is not step]
+        f32_nodes = [n for n in f32_nodes if id(n) not in claimed]
     steps = []
     for unit in _schedule(graph, int8_steps, f32_nodes):
         if isinstance(unit, Step):
@@ -228,7 +248,9 @@ def _schedule(graph: ir.Graph, int8_steps: list[tuple[Step, list[ir.Node]]], f32
     region. Any run of consecutive units in a topological order can execute as one step.
     """
     position = {id(node): i for i, node in enumerate(graph)}
-    units = [(max(position[id(n)] for n in nodes), step, nodes) for step, nodes in int8_steps]
+    # shape arithmetic as soon as it can run: it does not then cut a native program in two
+    units = [(-1 if step.backend == SHAPES else max(position[id(n)] for n in nodes), step, nodes)
+             for step, nodes in int8_steps]
     units += [(position[id(n)], None, [n]) for n in f32_nodes]
     producer = {}
     for index, (_, _, nodes) in enumerate(units):

@@ -1,0 +1,135 @@
+"""Shape arithmetic as steps that remember their results for the shapes they measured.
+
+Exporters compute shapes at run time:
+- plcmos_v2: Shape → Gather → Unsqueeze → Concat, a Reshape's target;
+- the PaddleOCR recognizer: Shape → Slice → Concat;
+- ddddocr_common: an LSTM's zero state by ConstantOfShape.
+
+Those nodes read the tensors they measure only through their shapes. Left in float32, they were an
+onnxruntime region of their own between two native programs. plcmos_v2's 7 nodes took 25 µs called
+again and again, but 150-250 µs right after the native program before them, as they run in a plan.
+
+Here each set of such nodes that measures the same tensors is one step. It computes its results with
+onnxruntime the first time it sees a set of shapes (and dtypes), and after that looks them up. The
+results are the same: they depend on nothing else. Integer shape arithmetic has no rounding to differ.
+
+Only where the plan has steps of its own, and only where lpt's steps, the model's inputs or constants
+make the measured tensors. A tensor that onnxruntime makes is measured inside its region, which would
+otherwise be cut in two.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt.backend.fallback import RegionRunner
+from lpt.backend.step import Step
+from lpt.graph.constants import const_array
+
+MEASURES = ("Shape", "Size")
+BACKEND = "lpt shapes"
+REMEMBERED = 8  # sets of shapes a step keeps the results of (a model fed a few sizes in turn)
+UNREPEATABLE = ("RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial")  # new values at each run
+
+
+def shape_steps(nodes: list[ir.Node], outputs: set[str], constants: dict[str, np.ndarray],
+                opsets: dict[str, int]) -> list[tuple[Step, list[ir.Node]]]:
+    """Steps for the shape arithmetic among `nodes`, the plan's float32 nodes in graph order: one per connected
+    set of such nodes, whose inputs are the tensors it measures (so that their shapes are all it depends on).
+    None where one of those tensors is made by one of `nodes`, or after what the set computes (waiting for it
+    would hold up the set's readers). `outputs` are the graph's."""
+    measured: dict[int, frozenset[str]] = {}  # id(node) → the tensors it measures, through its inputs
+    producer = {id(v): n for n in nodes for v in n.outputs}
+    leader: dict[int, int] = {}  # union-find over the nodes measured shapes flow through
+
+    def find(i: int) -> int:
+        while leader[i] != i:
+            leader[i] = leader[leader[i]]
+            i = leader[i]
+        return i
+
+    def is_constant(v: ir.Value) -> bool:
+        return v.name in constants or (v.producer() is not None and v.producer().op_type == "Constant")
+
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx") or node.op_type in UNREPEATABLE or any(
+                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            continue
+        read = [v for v in node.inputs if v is not None]
+        sources = [producer.get(id(v)) for v in read if not is_constant(v)]
+        if node.op_type in MEASURES and read:
+            measured[id(node)] = frozenset([read[0].name])
+        elif sources and all(s is not None and id(s) in measured for s in sources):
+            measured[id(node)] = frozenset().union(*(measured[id(s)] for s in sources))
+        else:
+            continue
+        leader[id(node)] = id(node)
+        for source in sources if node.op_type not in MEASURES else []:
+            leader[find(id(source))] = find(id(node))
+    made_in_f32 = {v.name for n in nodes for v in n.outputs}
+    order = {id(n): i for i, n in enumerate(nodes)}
+    components: dict[int, list[ir.Node]] = {}
+    for node in nodes:
+        if id(node) in measured:
+            components.setdefault(find(id(node)), []).append(node)
+    groups: dict[frozenset[str], list[ir.Node]] = {}  # the components that measure the same tensors, as one
+    for component in components.values():
+        groups.setdefault(frozenset().union(*(measured[id(n)] for n in component)), []).extend(component)
+    steps = []
+    for roots, group in groups.items():
+        group.sort(key=lambda n: order[id(n)])
+        inside = {id(n) for n in group}
+        needed = [v for n in group for v in n.outputs
+                  if v.name in outputs or any(id(user) not in inside for user, _ in v.uses())]
+        if not needed or roots & made_in_f32 or roots & _made_after(needed, inside):
+            continue
+        values = dict(constants)
+        for node in group:
+            for v in node.inputs:
+                if v is not None and v.name not in values and is_constant(v):
+                    values[v.name] = const_array(v)
+        runner = Remembered(RegionRunner(group, opsets, values, {v.name for v in needed}))
+        steps.append((Step(runner, tuple(runner.input_names), tuple(runner.output_names),
+                           tuple(n.name for n in group), tuple(n.op_type for n in group), BACKEND), group))
+    return steps
+
+
+def _made_after(values: list[ir.Value], inside: set[int]) -> set[str]:
+    """The names of the tensors computed from `values` by nodes outside `inside`, however indirectly."""
+    made, seen, pending = set(), set(), list(values)
+    while pending:
+        for user, _ in pending.pop().uses():
+            if id(user) in inside or id(user) in seen:
+                continue
+            seen.add(id(user))
+            made.update(v.name for v in user.outputs)
+            pending.extend(user.outputs)
+    return made
+
+
+class Remembered:
+    """A region's run, remembered per set of its inputs' shapes and dtypes (the only things its nodes read of
+    them). The results it hands out are read-only: every run shares them."""
+
+    def __init__(self, runner: RegionRunner):
+        self.runner = runner
+        self.input_names, self.output_names = runner.input_names, runner.output_names
+        self.results: OrderedDict[tuple, list[np.ndarray]] = OrderedDict()
+        self.computed = 0  # runs of the region: what the tests count
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        key = tuple((np.shape(a), np.asarray(a).dtype.str) for a in arrays)
+        if key in self.results:
+            self.results.move_to_end(key)
+            return self.results[key]
+        results = [np.asarray(r) for r in self.runner(*arrays)]
+        for r in results:
+            r.flags.writeable = False
+        self.computed += 1
+        self.results[key] = results
+        if len(self.results) > REMEMBERED:
+            self.results.popitem(last=False)
+        return results
