@@ -68,6 +68,23 @@ def test_a_shape_of_a_tensor_onnxruntime_makes_stays_in_its_region():
     np.testing.assert_allclose(plan.run({"x": x})["y"], run_onnxruntime(fq_model, {"x": x})["y"], atol=0.031)
 
 
+def test_shape_arithmetic_that_measures_a_tensor_made_from_its_own_results_stays_onnxruntimes():
+    """t = [N, -1] from Shape(relu) reshapes relu into r; u reads t and Shape(r): one step would wait for r, made
+    from t, which the step makes. The plan runs, as onnxruntime does."""
+    g = Graph()
+    relu = layer(g)
+    t = rows_of(g, relu)
+    r = g.op("Reshape", [relu, t])
+    first, second = g.const(np.array([0], np.int64)), g.const(np.array([1], np.int64))
+    last = g.const(np.array([2], np.int64))
+    u = g.op("Concat", [g.op("Slice", [t, first, second]), g.op("Slice", [g.op("Shape", [r]), second, last])], axis=0)
+    g.op("Reshape", [r, u], name="y")
+    fq_model, plan = plan_of(g)
+    assert BACKEND not in {s.backend for s in plan.steps}
+    x = RNG.uniform(-2, 2, (3, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(plan.run({"x": x})["y"], run_onnxruntime(fq_model, {"x": x})["y"], atol=0.031)
+
+
 class Counting:
     input_names, output_names = ["t"], ["shape"]
 

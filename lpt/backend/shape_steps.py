@@ -15,7 +15,8 @@ results are the same: they depend on nothing else. Integer shape arithmetic has 
 
 Only where the plan has steps of its own, and only where lpt's steps, the model's inputs or constants
 make the measured tensors. A tensor that onnxruntime makes is measured inside its region, which would
-otherwise be cut in two.
+otherwise be cut in two. The plan (lpt.backend.plan) keeps such a step only where one of its own steps
+reads the results. Where only onnxruntime's nodes read them, they stay in their region, which runs anyway.
 """
 
 from __future__ import annotations
