@@ -185,9 +185,10 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         # Shape arithmetic only onnxruntime's nodes read stays in their region, which runs anyway: as steps of
         # their own, silero_vad_16k_op15's four added four calls to its plan and removed no region.
         for step, nodes in shapes:
-            if not any(id(user) in claimed for n in nodes for v in n.outputs for user, _ in v.uses()
-                       if user not in nodes):
-                claimed.difference_update(id(n) for n in nodes)
+            inside = {id(n) for n in nodes}
+            if not any(id(user) in claimed and id(user) not in inside
+                       for n in nodes for v in n.outputs for user, _ in v.uses()):
+                claimed.difference_update(inside)
                 int8_steps[:] = [unit for unit in int8_steps if unit[0] is not step]
         f32_nodes = [n for n in f32_nodes if id(n) not in claimed]
     steps = []
