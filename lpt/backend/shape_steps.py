@@ -21,6 +21,7 @@ reads the results. Where only onnxruntime's nodes read them, they stay in their 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -113,24 +114,28 @@ def _made_after(values: list[ir.Value], inside: set[int]) -> set[str]:
 
 class Remembered:
     """A region's run, remembered per set of its inputs' shapes and dtypes (the only things its nodes read of
-    them). The results it hands out are read-only: every run shares them."""
+    them). The results it hands out are read-only: every run shares them. Plans may run in several threads
+    at once: the lock keeps the memory whole."""
 
     def __init__(self, runner: RegionRunner):
         self.runner = runner
         self.input_names, self.output_names = runner.input_names, runner.output_names
         self.results: OrderedDict[tuple, list[np.ndarray]] = OrderedDict()
         self.computed = 0  # runs of the region: what the tests count
+        self.lock = threading.Lock()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         key = tuple((np.shape(a), np.asarray(a).dtype.str) for a in arrays)
-        if key in self.results:
-            self.results.move_to_end(key)
-            return self.results[key]
+        with self.lock:
+            if key in self.results:
+                self.results.move_to_end(key)
+                return self.results[key]
         results = [np.asarray(r) for r in self.runner(*arrays)]
         for r in results:
             r.flags.writeable = False
-        self.computed += 1
-        self.results[key] = results
-        if len(self.results) > REMEMBERED:
-            self.results.popitem(last=False)
+        with self.lock:
+            self.computed += 1
+            self.results[key] = results
+            if len(self.results) > REMEMBERED:
+                self.results.popitem(last=False)
         return results
