@@ -3,7 +3,7 @@
 Exporters compute shapes at run time:
 - plcmos_v2: Shape → Gather → Unsqueeze → Concat, a Reshape's target;
 - the PaddleOCR recognizer: Shape → Slice → Concat;
-- ddddocr_common: an LSTM's zero state by ConstantOfShape.
+- ddddocr_common: Shape → Gather → Mul → Unsqueeze → Concat, the target of the Reshape before its LSTM.
 
 Those nodes read the tensors they measure only through their shapes. Left in float32, they were an
 onnxruntime region of their own between two native programs. plcmos_v2's 7 nodes took 25 µs called
