@@ -45,6 +45,13 @@ def region_inputs(nodes: list[ir.Node]) -> list[ir.Value]:
     return result
 
 
+def region_outputs(nodes: list[ir.Node], graph_outputs: set[str]) -> list[ir.Value]:
+    """The values `nodes` make that the graph outputs or a node outside them reads (a subgraph's reads too)."""
+    inside = {id(n) for n in nodes}
+    return [v for n in nodes for v in n.outputs
+            if v.name in graph_outputs or any(id(user) not in inside for user, _ in v.uses())]
+
+
 def _captured(node: ir.Node) -> list[ir.Value]:
     """Outer-scope values that the subgraphs of `node` (If, Loop, Scan bodies) read."""
     graphs = [g for a in node.attributes.values() if a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from lpt.backend.fallback import RegionRunner, region_inputs
+from lpt.backend.fallback import RegionRunner, region_inputs, region_outputs
 from lpt.backend.if_steps import try_if_step
 from lpt.backend import native_program
 from lpt.backend.float_steps import frames_signals, reads_model_input_from_a_table, try_float_step, try_spectrum_step
@@ -191,14 +191,12 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
                 claimed.difference_update(inside)
                 int8_steps[:] = [unit for unit in int8_steps if unit[0] is not step]
         f32_nodes = [n for n in f32_nodes if id(n) not in claimed]
-    steps = []
+    steps, graph_outputs = [], set(outputs)
     for unit in _schedule(graph, int8_steps, f32_nodes):
         if isinstance(unit, Step):
             steps.append(unit)
             continue
-        inside = {id(n) for n in unit}
-        needed = {v.name for n in unit for v in n.outputs
-                  if v.name in outputs or any(id(user) not in inside for user, _ in v.uses())}  # uses: subgraphs' too
+        needed = {v.name for v in region_outputs(unit, graph_outputs)}
         runner = RegionRunner(unit, opsets, constants, needed, threads, alone=not int8_steps)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))

@@ -27,9 +27,8 @@ from collections import OrderedDict
 import numpy as np
 import onnx_ir as ir
 
-from lpt.backend.fallback import RegionRunner
+from lpt.backend.fallback import RegionRunner, region_outputs
 from lpt.backend.step import Step
-from lpt.graph.constants import const_array
 
 MEASURES = ("Shape", "Size")
 BACKEND = "lpt shapes"
@@ -42,7 +41,8 @@ def shape_steps(nodes: list[ir.Node], outputs: set[str], constants: dict[str, np
     """Steps for the shape arithmetic among `nodes`, the plan's float32 nodes in graph order: one per connected
     set of such nodes, whose inputs are the tensors it measures (so that their shapes are all it depends on).
     None where one of those tensors is made by one of `nodes`, or after what the set computes (waiting for it
-    would hold up the set's readers). `outputs` are the graph's."""
+    would hold up the set's readers). `outputs` are the graph's; `constants` holds the Constant nodes' values
+    too, as compile_model folds them before."""
     measured: dict[int, frozenset[str]] = {}  # id(node) → the tensors it measures, through its inputs
     producer = {id(v): n for n in nodes for v in n.outputs}
     leader: dict[int, int] = {}  # union-find over the nodes measured shapes flow through
@@ -53,15 +53,12 @@ def shape_steps(nodes: list[ir.Node], outputs: set[str], constants: dict[str, np
             i = leader[i]
         return i
 
-    def is_constant(v: ir.Value) -> bool:
-        return v.name in constants or (v.producer() is not None and v.producer().op_type == "Constant")
-
     for node in nodes:
         if node.domain not in ("", "ai.onnx") or node.op_type in UNREPEATABLE or any(
                 a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
             continue
         read = [v for v in node.inputs if v is not None]
-        sources = [producer.get(id(v)) for v in read if not is_constant(v)]
+        sources = [producer.get(id(v)) for v in read if v.name not in constants]
         if node.op_type in MEASURES and read:
             measured[id(node)] = frozenset([read[0].name])
         elif sources and all(s is not None and id(s) in measured for s in sources):
@@ -83,17 +80,10 @@ def shape_steps(nodes: list[ir.Node], outputs: set[str], constants: dict[str, np
     steps = []
     for roots, group in groups.items():
         group.sort(key=lambda n: order[id(n)])
-        inside = {id(n) for n in group}
-        needed = [v for n in group for v in n.outputs
-                  if v.name in outputs or any(id(user) not in inside for user, _ in v.uses())]
-        if not needed or roots & made_in_f32 or roots & _made_after(needed, inside):
+        needed = region_outputs(group, outputs)
+        if not needed or roots & made_in_f32 or roots & _made_after(needed, {id(n) for n in group}):
             continue
-        values = dict(constants)
-        for node in group:
-            for v in node.inputs:
-                if v is not None and v.name not in values and is_constant(v):
-                    values[v.name] = const_array(v)
-        runner = Remembered(RegionRunner(group, opsets, values, {v.name for v in needed}))
+        runner = Remembered(RegionRunner(group, opsets, constants, {v.name for v in needed}))
         steps.append((Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                            tuple(n.name for n in group), tuple(n.op_type for n in group), BACKEND), group))
     return steps
