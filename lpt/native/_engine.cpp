@@ -155,8 +155,8 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
 // Accumulators [images, positions, C] (channels-last) → out, either channels-last too or
 // channels-first [images, C, positions]. Channels-first goes through a tile of BLOCK positions, so
 // that each output row is written in runs of BLOCK contiguous values.
-// With `fast` (the same stage as s16's Epilogue, where the CPU has AVX2), channels-last rows go
-// through lpt_s16::stage_channels, eight channels per instruction.
+// With `fast` (the same stage as s16's Epilogue, where the CPU has AVX2), a task's rows go through
+// lpt_s16::stage_rows, eight channels per instruction, and channels-first output is their transpose.
 template <typename T>
 void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images, int64_t positions,
             int64_t channels, bool channels_first, void *out_v, int threads, const lpt_s16::Epilogue *fast) {
@@ -167,15 +167,26 @@ void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t 
     const int loop_threads = images * positions * channels >= PARALLEL_WORK ? threads : 1;
     lpt_parallel::run(loop_threads, tasks, 0, [&](lpt_parallel::Chunks &chunks) {
         std::vector<float> x(channels);
-        std::vector<T> tile(channels_first ? BLOCK * channels : 0);
+        std::vector<T> tile(channels_first ? BLOCK * channels : 0);  // [c][p], or [p][c] with `fast`
         for (int64_t t; chunks.next(t);) {
             const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
+            const int64_t first = (n * positions + p0) * channels;
+            if (fast && !std::is_same_v<T, int32_t>) {
+                if (!channels_first) {
+                    lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, out + first);
+                    continue;
+                }
+                lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, tile.data());
+                for (int64_t c = 0; c < channels; ++c) {
+                    T *o = out + (n * channels + c) * positions + p0;
+                    for (int64_t p = 0; p < count; ++p) o[p] = tile[p * channels + c];
+                }
+                continue;
+            }
             for (int64_t p = 0; p < count; ++p) {
-                const int64_t row = (n * positions + p0 + p) * channels;
+                const int64_t row = first + p * channels;
                 if (channels_first)
                     stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), tile.data() + p, BLOCK);
-                else if (fast && !std::is_same_v<T, int32_t>)
-                    lpt_s16::stage_channels(*fast, hi + row, lo ? lo + row : nullptr, channels, out + row);
                 else
                     stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), out + row, 1);
             }
@@ -761,7 +772,7 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
             const int32_t v = (signed_src ? (int32_t)(int8_t)q : (int32_t)q) - zero_point;
             lpt_s16::scaled_weights(v, weights + at[r] * n, n, acc);
         }
-        if (epilogue) lpt_s16::stage_channels(*epilogue, acc, nullptr, n, o + r * row_bytes);
+        if (epilogue) lpt_s16::stage_rows(*epilogue, acc, nullptr, 1, n, o + r * row_bytes);
     });
     return true;
 }
@@ -969,7 +980,7 @@ void run_product_avx2(const Product &p, const OutputStage &stage, const uint8_t 
             lpt_s16::product_row(a_pairs.data(), packed.data(), k, n, row.data());
             char *o = static_cast<char *>(out) + (batch * m + i) * n * item;
             if (stage.dst == Dst::s32) std::memcpy(o, row.data(), n * sizeof(int32_t));
-            else lpt_s16::stage_channels(e, row.data(), nullptr, n, o);
+            else lpt_s16::stage_rows(e, row.data(), nullptr, 1, n, o);
         }
     });
 }

@@ -172,9 +172,10 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
 // 9.8 ms one vector at a time, 5.5 ms four at a time, 2.6 ms without the GELU (2 threads, this stage fused).
 template <int N, int HALVES>
 __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, const VectorPostOps &ops, const int32_t *acc,
-                                                        const __m256 *multiplier, const __m256 *bias, __m256 *x) {
+                                                        int64_t acc_stride, const __m256 *multiplier,
+                                                        const __m256 *bias, __m256 *x) {
     for (int v = 0; v < N; ++v) {
-        const int32_t *a = acc + (v / HALVES) * LANES + (v % HALVES) * 8;
+        const int32_t *a = acc + (v / HALVES) * acc_stride + (v % HALVES) * 8;
         x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(a))),
                              multiplier[v % HALVES]);
         if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % HALVES]);
@@ -306,8 +307,9 @@ __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1
 // bound being ∓inf: each returns x when x is NaN, as the comparisons do, and differs from them only in
 // the sign of a zero.
 template <typename T, int HALVES, bool SLOPE>
-__attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
-                                                   int64_t valid, T *out, int64_t out_stride) {
+__attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int32_t *acc, int64_t acc_stride,
+                                                   int64_t count, int64_t c0, int64_t valid, T *out,
+                                                   int64_t out_stride) {
     const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
     const bool clip = e.post_op_count == 1;
     const __m256 low = _mm256_set1_ps(clip ? e.post_ops[2] : -INFINITY), high = _mm256_set1_ps(clip ? e.post_ops[3] : INFINITY);
@@ -319,7 +321,7 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
     }
     for (int64_t j = 0; j < count; ++j) {
         for (int k = 0; k < HALVES; ++k) {
-            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * k));
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * acc_stride + 8 * k));
             x[k] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), multiplier[k]), bias[k]);
             if constexpr (SLOPE) x[k] = sloped(x[k], slope);
             x[k] = _mm256_min_ps(high, _mm256_max_ps(low, x[k]));
@@ -334,14 +336,14 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
 // goes where the scalar form sends it. What does not change from one position to the next (the
 // channels' multipliers and biases, the post-ops' constants) is set once.
 template <typename T>
-__attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t count, int64_t c0,
-                                           int64_t valid, T *out, int64_t out_stride) {
+__attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t acc_stride, int64_t count,
+                                           int64_t c0, int64_t valid, T *out, int64_t out_stride) {
     if constexpr (!std::is_same_v<T, float>) {
         if (takes_one_clip(e)) {
             const bool slope = e.post_op_count == 1 && e.post_ops[1] != 1.0f;
             const auto clipped = slope ? (valid <= 8 ? clipped_stage<T, 1, true> : clipped_stage<T, 2, true>)
                                        : (valid <= 8 ? clipped_stage<T, 1, false> : clipped_stage<T, 2, false>);
-            clipped(e, acc, count, c0, valid, out, out_stride);
+            clipped(e, acc, acc_stride, count, c0, valid, out, out_stride);
             return;
         }
     }
@@ -358,15 +360,15 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
     for (int64_t j = 0; j < count; ++j) {
         __m256 x0, x1 = _mm256_setzero_ps();
         if (simple) {
-            x0 = clipped_value(e, clip, acc + j * LANES, multiplier[0], bias[0]);
-            if (!one_half) x1 = clipped_value(e, clip, acc + j * LANES + 8, multiplier[1], bias[1]);
+            x0 = clipped_value(e, clip, acc + j * acc_stride, multiplier[0], bias[0]);
+            if (!one_half) x1 = clipped_value(e, clip, acc + j * acc_stride + 8, multiplier[1], bias[1]);
         } else if (j % 2 == 0 && j + 1 < count) {  // this position's values and the next one's
             if (one_half) {
                 __m256 firsts[2];
-                stage_values<2, 1>(e, ops, acc + j * LANES, multiplier, bias, firsts);
+                stage_values<2, 1>(e, ops, acc + j * acc_stride, acc_stride, multiplier, bias, firsts);
                 two_positions[0] = firsts[0], two_positions[2] = firsts[1];
             } else {
-                stage_values<4, 2>(e, ops, acc + j * LANES, multiplier, bias, two_positions);
+                stage_values<4, 2>(e, ops, acc + j * acc_stride, acc_stride, multiplier, bias, two_positions);
             }
             x0 = two_positions[0], x1 = two_positions[1];
         } else if (j % 2) {
@@ -374,9 +376,9 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
         } else {
             __m256 last[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
             if (one_half)
-                stage_values<1, 1>(e, ops, acc + j * LANES, multiplier, bias, last);
+                stage_values<1, 1>(e, ops, acc + j * acc_stride, acc_stride, multiplier, bias, last);
             else
-                stage_values<2, 2>(e, ops, acc + j * LANES, multiplier, bias, last);
+                stage_values<2, 2>(e, ops, acc + j * acc_stride, acc_stride, multiplier, bias, last);
             x0 = last[0], x1 = last[1];
         }
         T *o = out + j * out_stride;
@@ -834,20 +836,37 @@ PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
     return packed;
 }
 
-void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out) {
+namespace {
+
+template <typename T>
+void stage_rows_typed(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, T *out) {
     alignas(32) int32_t acc[LANES];
     for (int64_t c0 = 0; c0 < channels; c0 += LANES) {
         const int64_t valid = std::min(LANES, channels - c0);
-        if (lo)
-            for (int64_t c = 0; c < valid; ++c) acc[c] = (int32_t)((uint32_t)hi[c0 + c] * 64u + (uint32_t)lo[c0 + c]);
-        else
-            std::memcpy(acc, hi + c0, valid * sizeof(int32_t));
-        std::fill(acc + valid, acc + LANES, 0);  // lanes past the row: computed, never stored
-        switch (e.type) {
-            case Epilogue::f32: stage(e, acc, 1, c0, valid, static_cast<float *>(out) + c0, 0); break;
-            case Epilogue::u8: stage(e, acc, 1, c0, valid, static_cast<uint8_t *>(out) + c0, 0); break;
-            case Epilogue::s8: stage(e, acc, 1, c0, valid, static_cast<int8_t *>(out) + c0, 0); break;
+        // Straight from the accumulators, a block of channels down all rows at once; a block narrower
+        // than a tile reads past its row into the next, computed and never stored, except in the last row
+        // (past the buffer's end), which goes through `acc` as the split route's rows do.
+        const int64_t direct = lo ? 0 : valid == LANES ? rows : rows - 1;
+        if (direct > 0) stage(e, hi + c0, channels, direct, c0, valid, out + c0, channels);
+        for (int64_t r = direct; r < rows; ++r) {
+            const int32_t *h = hi + r * channels + c0;
+            if (lo)
+                for (int64_t c = 0; c < valid; ++c) acc[c] = (int32_t)((uint32_t)h[c] * 64u + (uint32_t)lo[r * channels + c0 + c]);
+            else
+                std::memcpy(acc, h, valid * sizeof(int32_t));
+            std::fill(acc + valid, acc + LANES, 0);  // lanes past the row: computed, never stored
+            stage(e, acc, LANES, 1, c0, valid, out + r * channels + c0, 0);
         }
+    }
+}
+
+}  // namespace
+
+void stage_rows(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, void *out) {
+    switch (e.type) {
+        case Epilogue::f32: stage_rows_typed(e, hi, lo, rows, channels, static_cast<float *>(out)); break;
+        case Epilogue::u8: stage_rows_typed(e, hi, lo, rows, channels, static_cast<uint8_t *>(out)); break;
+        case Epilogue::s8: stage_rows_typed(e, hi, lo, rows, channels, static_cast<int8_t *>(out)); break;
     }
 }
 
@@ -936,7 +955,7 @@ void write_staged(const Walk &walk, const Geometry &g, const Epilogue &e, void *
     const int64_t oc = g.out_channels;
     auto staged = [&](auto *typed) {
         walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t step, int64_t c0, int64_t valid) {
-            stage(e, tile_acc, count, c0, valid, typed + position * oc + c0, step * oc);
+            stage(e, tile_acc, LANES, count, c0, valid, typed + position * oc + c0, step * oc);
         });
     };
     switch (e.type) {

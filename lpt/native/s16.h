@@ -109,9 +109,9 @@ void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, in
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                       int64_t w, const Epilogue &e, void *out, int threads);
 
-// The same output stage on one row of `channels` accumulators from elsewhere (oneDNN's: hi, or
-// hi·64 + lo on the split route) into `channels` contiguous values of out. Needs AVX2 (supported()).
-void stage_channels(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t channels, void *out);
+// The same output stage on `rows` rows of `channels` accumulators from elsewhere (oneDNN's: hi, or
+// hi·64 + lo on the split route) into as many rows of out. Needs AVX2 (supported()).
+void stage_rows(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, void *out);
 
 // out[i] = saturate(rint(x[i] / scale) + zero_point) in [qmin, qmax], int8 or uint8: the output stage's last
 // step, and lpt's QuantizeLinear (lpt.kernels.quantize), sixteen values at a time. Needs AVX2.
