@@ -242,13 +242,22 @@ class Scratch {
     size_t capacity_ = 0;
 };
 
-struct Prepared {  // one source shape
+// One primitive over a band of the layer's output (band_rows: some of its images, of one image's first
+// spatial axis, or of a matmul's rows), reading the source from `src_offset` bytes and writing from
+// `dst_offset` accumulators.
+struct Band {
     primitive prim;
-    memory src, dst_hi, dst_lo, zero_point;
+    memory src, dst_hi, dst_lo, scratchpad;
+    size_t src_offset = 0, dst_offset = 0;
+};
+
+struct Prepared {  // one source shape
+    std::vector<Band> bands;  // one per thread where the layer is large enough (band_count), else one
+    memory zero_point;
     memory weights_hi, weights_lo;  // reordered once; on the u8s8 route weights_hi holds w itself
     Scratch<uint8_t> src_scratch;
     Scratch<int32_t> acc_hi, acc_lo;  // grown at a run, released after it when large
-    size_t accumulators = 0;
+    size_t src_bytes = 0, accumulators = 0;  // the whole source's, the whole output's
     bool has_zero_point = false;
     std::string impl;
 };
@@ -277,6 +286,7 @@ struct Operation {
     // channels-first values (run_s16 keeps the widened source, per thread)
     lpt_s16::Geometry geometry{};
     bool depthwise = false;  // one input and one output channel per group (s16's depthwise kernel)
+    memory::dims kernel_shape;  // conv: the weights' [OC, IC/groups, *kernel]
     // A 3×3 convolution of stride 1 that s16 can run by Winograd's F(2×2, 3×3): where it pays (auto),
     // always (LPT_WINOGRAD=1, as tests force it) or never (LPT_WINOGRAD=0). Each form's weights are
     // packed at its first run, so a network at one batch size packs each layer's once.
@@ -337,6 +347,35 @@ memory::desc user_weights_desc(const Operation &op) {
     return memory::desc(op.weight_dims, dt::s8, tags[rank - 3]);
 }
 
+// The output dims of the primitive reading src_dims: a subsampled source (Operation::subsample) has them.
+memory::dims primitive_output_dims(const Operation &op, const memory::dims &src_dims) {
+    if (op.kind == Kind::matmul) return {src_dims[0], op.out_channels};
+    memory::dims dims = layer_output_dims(op, src_dims);
+    if (op.subsample) std::copy(src_dims.begin() + 2, src_dims.end(), dims.begin() + 2);
+    return dims;
+}
+
+// The extent of the axis that bands split: a matmul's rows; a convolution's images, or for one
+// image the first spatial axis of its output.
+int64_t band_rows(const Operation &op, const memory::dims &out) {
+    return op.kind == Kind::matmul ? out[0] : out[0] > 1 ? out[0] : out[2];
+}
+
+// How many bands a run computes: one per thread, each a oneDNN primitive that runs on a thread of lpt's
+// own, single-threaded. oneDNN's threads are OpenMP's: asleep between calls (OMP_WAIT_POLICY=PASSIVE,
+// _library.py says why), waking them cost each call about 0.08 ms on a 2-core VM (a Xeon with AMX: the
+// PaddleOCR recognizer's 1×1 convolutions of one position took 0.086 ms on the u8s8 route, 0.002 ms on
+// lpt's s16), while lpt's workers spin through a program's run. Its plan took 15.1 → 10.0 ms so, the
+// detector's 71 → 60 ms; a layer below PARALLEL_WORK products is one band, as lpt's own loops.
+int band_count(const Operation &op, const memory::dims &src_dims) {
+    const memory::dims out = primitive_output_dims(op, src_dims);
+    double products = (double)op.weights.size();
+    if (op.kind == Kind::matmul) products *= (double)out[0];
+    else for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i] * (double)out[0];
+    if (op.threads < 2 || products < PARALLEL_WORK) return 1;
+    return (int)std::min<int64_t>(op.threads, band_rows(op, out));
+}
+
 // src dims: conv [N, C, *spatial], matmul [M, K]; zero_point: the u8 source's, as the primitive reads it
 // (an s8 source is read as q + 128). Whether there is one is part of the primitive; its value is set
 // at each run (execute), as a dynamic quantization gives a new one each run.
@@ -346,44 +385,92 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     key.push_back(zero_point != 0);
     auto found = op.prepared.find(key);
     if (found != op.prepared.end()) return *found->second;
-    // Each shape holds a primitive and its own reordered weights: calibration meets many batch
+    // Each shape holds its primitives and their reordered weights: calibration meets many batch
     // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
     if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
 
     auto p = std::make_unique<Prepared>();
     primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user);  // each band its own: bands run on several threads
     if (zero_point != 0) {
         attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
         p->has_zero_point = true;
     }
     const memory::desc weights_any(op.weight_dims, dt::s8, tag::any);
+    const memory::dims dst_dims = primitive_output_dims(op, src_dims);
+    int64_t image_bytes = 1, image_items = 1;  // a convolution's, channels-last
+    for (size_t i = 1; i < src_dims.size(); ++i) image_bytes *= src_dims[i];
+    for (size_t i = 1; i < dst_dims.size(); ++i) image_items *= dst_dims[i];
+    const int64_t rows = band_rows(op, dst_dims);
     memory::desc weights_desc;
-    if (op.kind == Kind::conv) {
-        const int rank = (int)src_dims.size();
-        memory::dims dst_dims = layer_output_dims(op, src_dims);
-        if (op.subsample) std::copy(src_dims.begin() + 2, src_dims.end(), dst_dims.begin() + 2);  // src: subsampled
-        const memory::desc src_md(src_dims, dt::u8, channels_last_tag(rank));
-        const memory::desc dst_md(dst_dims, dt::s32, channels_last_tag(rank));
-        const memory::dims ones(rank - 2, 1), zeros(rank - 2, 0);
-        auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
-                algorithm::convolution_direct, src_md, weights_any, dst_md, op.subsample ? ones : op.strides,
-                op.dilations, op.subsample ? zeros : op.pads_begin, op.subsample ? zeros : op.pads_end, attr);
-        p->impl = pd.impl_info_str();
-        p->prim = convolution_forward(pd);
-        weights_desc = pd.weights_desc();
-        p->src = memory(pd.src_desc(), cpu(), nullptr);
-        p->dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
-        p->dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
-    } else {
-        const memory::desc src_md(src_dims, dt::u8, tag::ab);
-        const memory::desc dst_md({src_dims[0], op.out_channels}, dt::s32, tag::ab);
-        auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, dst_md, attr);
-        p->impl = pd.impl_info_str();
-        p->prim = matmul(pd);
-        weights_desc = pd.weights_desc();
-        p->src = memory(pd.src_desc(), cpu(), nullptr);
-        p->dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
-        p->dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+    for (int b = 0, bands = band_count(op, src_dims); b < bands; ++b) {
+        const int64_t begin = rows * b / bands, end = rows * (b + 1) / bands;  // output rows
+        Band band;
+        memory::desc chosen;
+        if (op.kind == Kind::conv) {
+            const int rank = (int)src_dims.size();
+            const bool sub = op.subsample;  // its source is subsampled already: stride 1, no padding
+            memory::dims band_src = src_dims, band_dst = dst_dims;
+            memory::dims pads_begin = sub ? memory::dims(rank - 2, 0) : op.pads_begin;
+            memory::dims pads_end = sub ? memory::dims(rank - 2, 0) : op.pads_end;
+            if (bands == 1) {  // the whole layer
+            } else if (dst_dims[0] > 1) {  // a band of images
+                band_src[0] = band_dst[0] = end - begin;
+                band.src_offset = (size_t)(begin * image_bytes);
+                band.dst_offset = (size_t)(begin * image_items);
+            } else {  // a band of the first spatial axis: the source rows it reads, and the padding beside them
+                const int64_t stride = sub ? 1 : op.strides[0], pad = pads_begin[0];
+                const int64_t k = op.weight_dims[op.weight_dims.size() - (rank - 2)];
+                const int64_t extent = (k - 1) * (op.dilations[0] + 1) + 1;
+                const int64_t first = begin * stride - pad, last = (end - 1) * stride - pad + extent;  // [first, last)
+                const int64_t from = std::max<int64_t>(first, 0), to = std::min<int64_t>(last, src_dims[2]);
+                if (to <= from) {  // a band within the padding: the whole layer in one
+                    p->bands.clear();
+                    b = -1, bands = 1;
+                    continue;
+                }
+                band_src[2] = to - from;
+                band_dst[2] = end - begin;
+                pads_begin[0] = from - first;
+                pads_end[0] = last - to;
+                band.src_offset = (size_t)(from * image_bytes / src_dims[2]);
+                band.dst_offset = (size_t)(begin * image_items / dst_dims[2]);
+            }
+            const memory::desc src_md(band_src, dt::u8, channels_last_tag(rank));
+            const memory::desc dst_md(band_dst, dt::s32, channels_last_tag(rank));
+            const memory::dims ones(rank - 2, 1);
+            auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
+                    algorithm::convolution_direct, src_md, weights_any, dst_md, sub ? ones : op.strides,
+                    op.dilations, pads_begin, pads_end, attr);
+            p->impl = pd.impl_info_str();
+            band.prim = convolution_forward(pd);
+            chosen = pd.weights_desc();
+            band.src = memory(pd.src_desc(), cpu(), nullptr);
+            band.dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
+            band.dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+            band.scratchpad = memory(pd.scratchpad_desc(), cpu());
+        } else {
+            const memory::desc src_md({end - begin, src_dims[1]}, dt::u8, tag::ab);
+            const memory::desc dst_md({end - begin, op.out_channels}, dt::s32, tag::ab);
+            auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, dst_md, attr);
+            p->impl = pd.impl_info_str();
+            band.prim = matmul(pd);
+            chosen = pd.weights_desc();
+            band.src = memory(pd.src_desc(), cpu(), nullptr);
+            band.dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
+            band.dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+            band.scratchpad = memory(pd.scratchpad_desc(), cpu());
+            band.src_offset = (size_t)(begin * src_dims[1]);
+            band.dst_offset = (size_t)(begin * op.out_channels);
+        }
+        if (b == 0) {
+            weights_desc = chosen;
+        } else if (chosen != weights_desc) {  // the bands share one reordered copy of the weights: one band
+            p->bands.clear();
+            b = -1, bands = 1;
+            continue;
+        }
+        p->bands.push_back(std::move(band));
     }
     const memory::desc user = user_weights_desc(op);
     if (op.route == Route::split) {
@@ -392,7 +479,11 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     } else {
         p->weights_hi = reordered(op.weights, user, weights_desc);
     }
-    p->accumulators = p->dst_hi.get_desc().get_size() / sizeof(int32_t);
+    int64_t items = 1, bytes = 1;
+    for (auto d : dst_dims) items *= d;
+    for (auto d : src_dims) bytes *= d;
+    p->accumulators = (size_t)items;
+    p->src_bytes = (size_t)bytes;
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
     op.last_impl = p->impl;
     return *op.prepared.emplace(key, std::move(p)).first->second;
@@ -596,6 +687,47 @@ PyObject *fail(const std::exception &e) {
     return nullptr;
 }
 
+// Whether route s16 runs this operation: a matmul, or a 1-D or 2-D convolution of one group or depthwise.
+bool s16_runs(const Operation &op) {
+    return op.kind == Kind::matmul ||
+           ((op.groups == 1 || op.depthwise) && op.kernel_shape.size() - 2 <= 2 && lpt_s16::supported());
+}
+
+// Route s16's geometry and packed weights.
+void prepare_s16(Operation &op) {
+    if (op.kind == Kind::matmul) {  // a 1×1 convolution with K input channels and N outputs
+        const int64_t k = op.in_channels, n = op.out_channels;
+        op.geometry = {k, n, 1, 1};
+        std::vector<int8_t> transposed(op.weights.size());
+        for (int64_t i = 0; i < k; ++i)
+            for (int64_t j = 0; j < n; ++j) transposed[j * k + i] = op.weights[i * n + j];
+        op.packed = lpt_s16::pack_weights(transposed.data(), op.geometry);
+        narrow_large_weights(op);
+        return;
+    }
+    const memory::dims &shape = op.kernel_shape;
+    const int spatial = (int)shape.size() - 2;
+    const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
+    auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
+    op.geometry = {op.in_channels, op.out_channels, y < 0 ? 1 : shape[2], shape.back(),
+                   axis(op.strides, y, 1), op.strides.back(), axis(op.dilations, y, 0) + 1,
+                   op.dilations.back() + 1, axis(op.pads_begin, y, 0), op.pads_begin.back(),
+                   axis(op.pads_end, y, 0), op.pads_end.back()};
+    if (!op.depthwise && lpt_s16::winograd_fits(op.geometry)) {
+        const char *choice = std::getenv("LPT_WINOGRAD");
+        const std::string c = choice ? choice : "";
+        op.winograd = c == "0" ? Operation::Winograd::never
+                      : c == "1" ? Operation::Winograd::always : Operation::Winograd::automatic;
+    }
+    // Winograd reads channel pairs: its source keeps the even layout, which the direct kernel then shares
+    op.geometry.whole_runs = !op.depthwise && !lpt_s16::winograd_fits(op.geometry) && (op.in_channels & 1) &&
+                             op.geometry.dilation_w == 1;
+    if (op.winograd == Operation::Winograd::never)
+        op.packed = op.depthwise ? lpt_s16::pack_depthwise_weights(op.weights.data(), op.geometry)
+                                 : lpt_s16::pack_weights(op.weights.data(), op.geometry);
+    if (!op.depthwise) narrow_large_weights(op);
+}
+
 const char CONV_DOC[] =
     "conv(weights, groups, strides, dilations, pads_begin, pads_end, src_zero_point, route, threads,\n"
     "     multiplier, bias, post_ops, dst, dst_scale, dst_zero_point, qmin, qmax) -> operation\n\n"
@@ -644,29 +776,12 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                         std::any_of(op->strides.begin(), op->strides.end(), [](int64_t s) { return s > 1; });
         check_stage(*op);
         prepare_epilogue(*op);
+        op->kernel_shape = shape;
+        op->depthwise = groups > 1 && shape[1] == 1 && shape[0] == groups;
         if (op->route == Route::s16) {
-            op->depthwise = groups > 1 && shape[1] == 1 && shape[0] == groups;
-            if ((groups != 1 && !op->depthwise) || spatial > 2)
+            if (!s16_runs(*op))
                 throw std::invalid_argument("route s16 runs 1-D and 2-D convolutions of one group, and depthwise ones");
-            const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
-            auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
-            op->geometry = {op->in_channels, op->out_channels, y < 0 ? 1 : shape[2], shape.back(),
-                            axis(op->strides, y, 1), op->strides.back(), axis(op->dilations, y, 0) + 1,
-                            op->dilations.back() + 1, axis(op->pads_begin, y, 0), op->pads_begin.back(),
-                            axis(op->pads_end, y, 0), op->pads_end.back()};
-            if (!op->depthwise && lpt_s16::winograd_fits(op->geometry)) {
-                const char *choice = std::getenv("LPT_WINOGRAD");
-                const std::string c = choice ? choice : "";
-                op->winograd = c == "0" ? Operation::Winograd::never
-                               : c == "1" ? Operation::Winograd::always : Operation::Winograd::automatic;
-            }
-            // Winograd reads channel pairs: its source keeps the even layout, which the direct kernel then shares
-            op->geometry.whole_runs = !op->depthwise && !lpt_s16::winograd_fits(op->geometry) && (op->in_channels & 1) &&
-                                      op->geometry.dilation_w == 1;
-            if (op->winograd == Operation::Winograd::never)
-                op->packed = op->depthwise ? lpt_s16::pack_depthwise_weights(op->weights.data(), op->geometry)
-                                           : lpt_s16::pack_weights(op->weights.data(), op->geometry);
-            if (!op->depthwise) narrow_large_weights(*op);
+            prepare_s16(*op);
         }
     } catch (const std::exception &e) {
         return fail(e);
@@ -700,14 +815,7 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
         op->out_channels = shape[1];
         check_stage(*op);
         prepare_epilogue(*op);
-        if (op->route == Route::s16) {  // a 1×1 convolution with K input channels and N outputs
-            op->geometry = {shape[0], shape[1], 1, 1};
-            std::vector<int8_t> transposed(op->weights.size());
-            for (int64_t k = 0; k < shape[0]; ++k)
-                for (int64_t n = 0; n < shape[1]; ++n) transposed[n * shape[0] + k] = op->weights[k * shape[1] + n];
-            op->packed = lpt_s16::pack_weights(transposed.data(), op->geometry);
-            narrow_large_weights(*op);
-        }
+        if (op->route == Route::s16) prepare_s16(*op);
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -858,7 +966,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     int64_t positions = 1;
     for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
     const uint8_t *data = src;
-    const size_t src_bytes = p.src.get_desc().get_size();
+    const size_t src_bytes = p.src_bytes;
     const size_t out_items = p.accumulators;
     int32_t *acc_hi = p.acc_hi.get(out_items), *acc_lo = op.route == Route::split ? p.acc_lo.get(out_items) : nullptr;
     if (out_bytes != out_items * item_size(dst))
@@ -878,21 +986,27 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         flip_signs(data, scratch, (int64_t)src_bytes, op.threads);
         data = scratch;
     }
-    omp_set_num_threads(op.threads);
-    const lpt_parallel::Quiet quiet;  // oneDNN's OpenMP threads take the cores
-    p.src.set_data_handle(const_cast<uint8_t *>(data));
-    p.dst_hi.set_data_handle(acc_hi);
-    std::unordered_map<int, memory> arguments{
-            {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights_hi}, {DNNL_ARG_DST, p.dst_hi}};
-    if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
-    p.prim.execute(thread_stream(), arguments);
-    if (op.route == Route::split) {
-        p.dst_lo.set_data_handle(acc_lo);
-        arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
-        arguments[DNNL_ARG_DST] = p.dst_lo;
-        p.prim.execute(thread_stream(), arguments);
-    }
-    thread_stream().wait();
+    // Each band on a thread of lpt's pool, oneDNN on that thread alone: no OpenMP team to wake (band_count).
+    const int64_t bands = (int64_t)p.bands.size();
+    lpt_parallel::run(bands > 1 ? op.threads : 1, bands, 1, [&](lpt_parallel::Chunks &chunks) {
+        omp_set_num_threads(1);
+        for (int64_t b; chunks.next(b);) {
+            Band &band = p.bands[b];
+            band.src.set_data_handle(const_cast<uint8_t *>(data) + band.src_offset);
+            band.dst_hi.set_data_handle(acc_hi + band.dst_offset);
+            std::unordered_map<int, memory> arguments{{DNNL_ARG_SRC, band.src}, {DNNL_ARG_WEIGHTS, p.weights_hi},
+                                                      {DNNL_ARG_DST, band.dst_hi}, {DNNL_ARG_SCRATCHPAD, band.scratchpad}};
+            if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
+            band.prim.execute(thread_stream(), arguments);
+            if (op.route == Route::split) {
+                band.dst_lo.set_data_handle(acc_lo + band.dst_offset);
+                arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
+                arguments[DNNL_ARG_DST] = band.dst_lo;
+                band.prim.execute(thread_stream(), arguments);
+            }
+            thread_stream().wait();
+        }
+    });
     const int64_t channels = op.out_channels;
     // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
     const int64_t out_images = op.kind == Kind::conv ? images : 1;

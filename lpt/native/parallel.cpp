@@ -42,7 +42,7 @@ struct Pool {
     std::atomic<int> inside{-1};       // workers in the open loop; −1: no loop is open
     std::atomic<int> wanted{0};        // workers the open loop takes
     std::atomic<Job *> job{nullptr};
-    std::atomic<int> busy{0}, quiet{0};
+    std::atomic<int> busy{0};
     std::atomic<int> sleepers{0};
     std::atomic<int> caller_cpu{-1};   // the CPU the open loop's caller was on as it opened it
     std::mutex sleep_lock;
@@ -61,9 +61,8 @@ void Pool::wait_for_loop(uint64_t seen) {
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
         if (spins % 64 == 63) {
-            const bool keep_spinning = quiet.load(std::memory_order_relaxed) == 0 &&
-                                       std::chrono::steady_clock::now() - start <
-                                               (busy.load(std::memory_order_relaxed) > 0 ? SPIN_BUSY : SPIN_IDLE);
+            const bool keep_spinning = std::chrono::steady_clock::now() - start <
+                                       (busy.load(std::memory_order_relaxed) > 0 ? SPIN_BUSY : SPIN_IDLE);
             if (!keep_spinning) {
                 std::unique_lock<std::mutex> lock(sleep_lock);
                 sleepers.fetch_add(1);  // seq_cst, against the caller's bump of `generation` then read of it
@@ -166,7 +165,5 @@ void run_erased(int threads, int64_t n, int64_t grain, Task task, void *context)
 
 Busy::Busy() { pool->busy.fetch_add(1, std::memory_order_relaxed); }
 Busy::~Busy() { pool->busy.fetch_sub(1, std::memory_order_relaxed); }
-Quiet::Quiet() { pool->quiet.fetch_add(1, std::memory_order_relaxed); }
-Quiet::~Quiet() { pool->quiet.fetch_sub(1, std::memory_order_relaxed); }
 
 }  // namespace lpt_parallel

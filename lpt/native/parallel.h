@@ -77,13 +77,4 @@ struct Busy {
     Busy &operator=(const Busy &) = delete;
 };
 
-// While one lives, the workers sleep between loops even inside a Busy: around oneDNN's primitives,
-// which run on OpenMP's threads and would compete with spinning workers for the cores.
-struct Quiet {
-    Quiet();
-    ~Quiet();
-    Quiet(const Quiet &) = delete;
-    Quiet &operator=(const Quiet &) = delete;
-};
-
 }  // namespace lpt_parallel

@@ -240,6 +240,35 @@ def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):
         assert np.array_equal(conv.accumulate(src), expected)
 
 
+@st.composite
+def banded_cases(draw):
+    """A layer large enough (over a million products) that each of two threads runs a band of it: one image split
+    along its first output axis, where a band may start or end in the padding, or a band of the images."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rank = draw(st.sampled_from([1, 2]))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    strides = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    dilations = tuple(draw(st.integers(1, 2)) for _ in range(rank))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(2 * rank))
+    extents = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    spatial = tuple(max(draw(st.integers(1, 9)), e - pads[i] - pads[rank + i]) for i, e in enumerate(extents))
+    channels = 384 if rank == 1 else 128
+    src = rng.integers(0, 256, (draw(st.integers(1, 3)), channels) + spatial).astype(np.uint8)
+    weights = rng.integers(-128, 128, (channels, channels) + kernel).astype(np.int8)
+    return src, weights, {"strides": strides, "dilations": dilations, "pads": pads}
+
+
+@pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # oneDNN's: s16 has no bands
+@settings(max_examples=25, deadline=None)
+@given(case=banded_cases(), zero_point=st.sampled_from([0, 3]))
+def test_a_layer_in_bands_sums_what_one_primitive_does(route, case, zero_point):
+    src, weights, window = case
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, **window)
+    expected = conv_reference(src, weights, zero_point, strides=list(window["strides"]),
+                              dilations=list(window["dilations"]), pads=list(window["pads"]))
+    assert np.array_equal(conv.accumulate(src), expected)
+
+
 def test_runs_again_on_another_shape_and_keeps_the_first():
     weights = np.arange(-60, 60, dtype=np.int8).reshape(4, 3, 10)
     conv = lpt.native.Conv(weights, strides=(2,), pads=(3, 1), src_zero_point=5, threads=1)

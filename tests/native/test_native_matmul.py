@@ -89,6 +89,17 @@ def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bi
     assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
+@pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # oneDNN's: s16 has no bands
+@pytest.mark.parametrize("rows", [2, 3, 7])
+def test_rows_in_bands_sum_what_one_primitive_does(route, rows):
+    """Over a million products, each of two threads runs a band of the rows (an odd count splits unevenly)."""
+    rng = np.random.default_rng(rows)
+    weights = rng.integers(-128, 128, (1024, 600)).astype(np.int8)
+    src = rng.integers(0, 256, (rows, 1024)).astype(np.uint8)
+    matmul = lpt.native.MatMul(weights, src_zero_point=7, route=route, threads=2)
+    assert np.array_equal(matmul.accumulate(src), matmul_reference(src, 7, weights, 0))
+
+
 def test_a_long_reduction_at_the_extremes():
     k = 5000
     weights = np.tile(np.array([[127, -128, 1]], np.int8), (k, 1))
