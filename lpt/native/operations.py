@@ -118,6 +118,8 @@ class Conv(_Operation):
         self.groups, self.src_zero_point = groups, int(src_zero_point)
         self.out_channels, self.in_channels = weights.shape[0], weights.shape[1] * groups
         rank = len(self.window.kernel)
+        if route is None:
+            self.route = routes.conv_route(self.route, int(np.prod(weights.shape[1:])), groups, rank)
         if not routes.runs(self.route, groups, rank, depthwise=weights.shape[1] == 1 and weights.shape[0] == groups):
             self.route = "split"
         self._operation = engine.conv(np.ascontiguousarray(weights), weights.shape, groups, self.window.strides,

@@ -67,6 +67,28 @@ def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
     assert acc.tolist() == [[[[255 * 18]]] * 4]
 
 
+def test_few_products_per_output_take_s16_where_the_route_is_u8s8(monkeypatch):
+    """A one-group layer of under 32 products per output (a 3×3 stem of 1 or 3 channels) runs on lpt's s16 where
+    the route is u8s8; wider reductions, depthwise layers and the other routes keep theirs."""
+    monkeypatch.setattr(routes, "exact_routes", lambda: ("u8s8", "s16", "split"))
+    assert routes.conv_route("u8s8", 9, 1, 2) == "s16"
+    assert routes.conv_route("u8s8", 27, 1, 1) == "s16"
+    assert routes.conv_route("u8s8", 72, 1, 2) == "u8s8"
+    assert routes.conv_route("u8s8", 9, 48, 2) == "u8s8"  # depthwise
+    assert routes.conv_route("u8s8", 9, 1, 3) == "u8s8"
+    assert routes.conv_route("split", 9, 1, 2) == "split"
+    monkeypatch.setattr(routes, "exact_routes", lambda: ("u8s8", "split"))  # no AVX2
+    assert routes.conv_route("u8s8", 9, 1, 2) == "u8s8"
+    monkeypatch.setattr(routes, "route", lambda: "u8s8")
+    stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1))
+    assert stem.route == "u8s8"
+    monkeypatch.setattr(routes, "exact_routes", lambda: ("u8s8", "s16", "split"))
+    stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1))
+    assert stem.route == "s16"
+    assert stem.accumulate(np.full((1, 1, 3, 3), 2, np.uint8))[0, :, 1, 1].tolist() == [18] * 8
+    assert lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), route="u8s8").route == "u8s8"  # a route asked for
+
+
 @pytest.mark.parametrize("make, reason", [
     pytest.param(lambda: lpt.native.Conv(np.ones((2, 2, 3, 3), np.int8), weight_zero_point=3), "weight zero point",
                  id="weight-zero-point"),
