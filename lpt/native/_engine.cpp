@@ -372,6 +372,19 @@ int band_count(const Operation &op, const memory::dims &src_dims) {
     return (int)std::min<int64_t>(op.threads, band_rows(op, out));
 }
 
+// A band's primitive and memory objects from the descriptor oneDNN made for it; returns the layout it
+// chose for the weights, and names its implementation in `impl`.
+template <typename Primitive, typename Descriptor>
+memory::desc adopt(Band &band, const Descriptor &pd, std::string &impl) {
+    impl = pd.impl_info_str();
+    band.prim = Primitive(pd);
+    band.src = memory(pd.src_desc(), cpu(), nullptr);
+    band.dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
+    band.dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
+    band.scratchpad = memory(pd.scratchpad_desc(), cpu());
+    return pd.weights_desc();
+}
+
 // src dims: conv [N, C, *spatial], matmul [M, K]; zero_point: the u8 source's, as the primitive reads it
 // (an s8 source is read as q + 128). Whether there is one is part of the primitive; its value is set
 // at each run (execute), as a dynamic quantization gives a new one each run.
@@ -409,12 +422,11 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
             memory::dims band_src = src_dims, band_dst = dst_dims;
             memory::dims pads_begin = sub ? memory::dims(rank - 2, 0) : op.pads_begin;
             memory::dims pads_end = sub ? memory::dims(rank - 2, 0) : op.pads_end;
-            if (bands == 1) {  // the whole layer
-            } else if (dst_dims[0] > 1) {  // a band of images
+            if (bands > 1 && dst_dims[0] > 1) {  // a band of images
                 band_src[0] = band_dst[0] = end - begin;
                 band.src_offset = (size_t)(begin * image_bytes);
                 band.dst_offset = (size_t)(begin * image_items);
-            } else {  // a band of the first spatial axis: the source rows it reads, and the padding beside them
+            } else if (bands > 1) {  // a band of one image's first spatial axis: the rows it reads, the padding beside them
                 const int64_t stride = sub ? 1 : op.strides[0], pad = pads_begin[0];
                 const int64_t k = op.weight_dims[op.weight_dims.size() - (rank - 2)];
                 const int64_t extent = (k - 1) * (op.dilations[0] + 1) + 1;
@@ -438,24 +450,12 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
             auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
                     algorithm::convolution_direct, src_md, weights_any, dst_md, sub ? ones : op.strides,
                     op.dilations, pads_begin, pads_end, attr);
-            p->impl = pd.impl_info_str();
-            band.prim = convolution_forward(pd);
-            chosen = pd.weights_desc();
-            band.src = memory(pd.src_desc(), cpu(), nullptr);
-            band.dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
-            band.dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
-            band.scratchpad = memory(pd.scratchpad_desc(), cpu());
+            chosen = adopt<convolution_forward>(band, pd, p->impl);
         } else {
             const memory::desc src_md({end - begin, src_dims[1]}, dt::u8, tag::ab);
             const memory::desc dst_md({end - begin, op.out_channels}, dt::s32, tag::ab);
             auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, dst_md, attr);
-            p->impl = pd.impl_info_str();
-            band.prim = matmul(pd);
-            chosen = pd.weights_desc();
-            band.src = memory(pd.src_desc(), cpu(), nullptr);
-            band.dst_hi = memory(pd.dst_desc(), cpu(), nullptr);
-            band.dst_lo = memory(pd.dst_desc(), cpu(), nullptr);
-            band.scratchpad = memory(pd.scratchpad_desc(), cpu());
+            chosen = adopt<matmul>(band, pd, p->impl);
             band.src_offset = (size_t)(begin * src_dims[1]);
             band.dst_offset = (size_t)(begin * op.out_channels);
         }
