@@ -24,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -152,48 +153,67 @@ void stage_row(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64
     }
 }
 
-// Accumulators [images, positions, C] (channels-last) → out, either channels-last too or
-// channels-first [images, C, positions]. Channels-first goes through a tile of BLOCK positions, so
-// that each output row is written in runs of BLOCK contiguous values.
-// With `fast` (the same stage as s16's Epilogue, where the CPU has AVX2), a task's rows go through
-// lpt_s16::stage_rows, eight channels per instruction, and channels-first output is their transpose.
+// Rows [row_begin, row_end) of the accumulators [images, positions, C] (channels-last; a row is one
+// position's C channels) → out, either channels-last too or channels-first [images, C, positions].
+// Channels-first goes through a tile of BLOCK positions, so that each output row is written in runs
+// of BLOCK contiguous values. With `fast` (the same stage as s16's Epilogue, where the CPU has AVX2),
+// the rows go through lpt_s16::stage_rows, eight channels per instruction, and channels-first output
+// is their transpose. One thread; x and tile are its scratch.
+constexpr int64_t STAGE_BLOCK = 64;
+
+template <typename T>
+void finish_rows(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t positions, int64_t channels,
+                 bool channels_first, T *out, const lpt_s16::Epilogue *fast, int64_t row_begin, int64_t row_end,
+                 std::vector<float> &x, std::vector<char> &tile_bytes) {
+    constexpr int64_t BLOCK = STAGE_BLOCK;
+    x.resize(channels);
+    if (channels_first) tile_bytes.resize(BLOCK * channels * sizeof(T));
+    T *tile = reinterpret_cast<T *>(tile_bytes.data());  // [c][p], or [p][c] with `fast`
+    for (int64_t first_row = row_begin; first_row < row_end;) {
+        const int64_t n = first_row / positions, p0 = first_row % positions;
+        const int64_t count = std::min({BLOCK, row_end - first_row, positions - p0});
+        const int64_t first = first_row * channels;
+        first_row += count;
+        if (fast && !std::is_same_v<T, int32_t>) {
+            if (!channels_first) {
+                lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, out + first);
+                continue;
+            }
+            lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, tile);
+            for (int64_t c = 0; c < channels; ++c) {
+                T *o = out + (n * channels + c) * positions + p0;
+                for (int64_t p = 0; p < count; ++p) o[p] = tile[p * channels + c];
+            }
+            continue;
+        }
+        for (int64_t p = 0; p < count; ++p) {
+            const int64_t row = first + p * channels;
+            if (channels_first)
+                stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), tile + p, BLOCK);
+            else
+                stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), out + row, 1);
+        }
+        if (channels_first)
+            for (int64_t c = 0; c < channels; ++c)
+                std::memcpy(out + (n * channels + c) * positions + p0, tile + c * BLOCK, count * sizeof(T));
+    }
+}
+
+// Every row, in tasks of at most STAGE_BLOCK rows of one image on `threads` threads.
 template <typename T>
 void finish(const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t images, int64_t positions,
             int64_t channels, bool channels_first, void *out_v, int threads, const lpt_s16::Epilogue *fast) {
-    constexpr int64_t BLOCK = 64;
     T *out = static_cast<T *>(out_v);
-    const int64_t blocks = (positions + BLOCK - 1) / BLOCK, tasks = images * blocks;
+    const int64_t blocks = (positions + STAGE_BLOCK - 1) / STAGE_BLOCK, tasks = images * blocks;
     // A second thread costs its wake-up (far more on a loaded machine): small outputs take one.
     const int loop_threads = images * positions * channels >= PARALLEL_WORK ? threads : 1;
     lpt_parallel::run(loop_threads, tasks, 0, [&](lpt_parallel::Chunks &chunks) {
-        std::vector<float> x(channels);
-        std::vector<T> tile(channels_first ? BLOCK * channels : 0);  // [c][p], or [p][c] with `fast`
+        std::vector<float> x;
+        std::vector<char> tile;
         for (int64_t t; chunks.next(t);) {
-            const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
-            const int64_t first = (n * positions + p0) * channels;
-            if (fast && !std::is_same_v<T, int32_t>) {
-                if (!channels_first) {
-                    lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, out + first);
-                    continue;
-                }
-                lpt_s16::stage_rows(*fast, hi + first, lo ? lo + first : nullptr, count, channels, tile.data());
-                for (int64_t c = 0; c < channels; ++c) {
-                    T *o = out + (n * channels + c) * positions + p0;
-                    for (int64_t p = 0; p < count; ++p) o[p] = tile[p * channels + c];
-                }
-                continue;
-            }
-            for (int64_t p = 0; p < count; ++p) {
-                const int64_t row = first + p * channels;
-                if (channels_first)
-                    stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), tile.data() + p, BLOCK);
-                else
-                    stage_row<T>(s, hi + row, lo ? lo + row : nullptr, channels, x.data(), out + row, 1);
-            }
-            if (channels_first)
-                for (int64_t c = 0; c < channels; ++c)
-                    std::memcpy(out + (n * channels + c) * positions + p0, tile.data() + c * BLOCK,
-                                count * sizeof(T));
+            const int64_t first = t / blocks * positions + t % blocks * STAGE_BLOCK;
+            finish_rows<T>(s, hi, lo, positions, channels, channels_first, out, fast, first,
+                           std::min(first + STAGE_BLOCK, (t / blocks + 1) * positions), x, tile);
         }
     });
 }
@@ -206,6 +226,18 @@ void finish_as(Dst dst, const OutputStage &s, const int32_t *hi, const int32_t *
         case Dst::f32: finish<float>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
         case Dst::u8: finish<uint8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
         case Dst::s8: finish<int8_t>(s, hi, lo, images, positions, channels, channels_first, out, threads, fast); break;
+    }
+}
+
+// Rows [row_begin, row_end) only, on the calling thread (finish_rows): a band's, right after its primitive.
+void finish_rows_as(Dst dst, const OutputStage &s, const int32_t *hi, const int32_t *lo, int64_t positions,
+                    int64_t channels, bool channels_first, void *out, const lpt_s16::Epilogue *fast, int64_t row_begin,
+                    int64_t row_end, std::vector<float> &x, std::vector<char> &tile) {
+    switch (dst) {
+        case Dst::s32: finish_rows(s, hi, lo, positions, channels, channels_first, static_cast<int32_t *>(out), fast, row_begin, row_end, x, tile); break;
+        case Dst::f32: finish_rows(s, hi, lo, positions, channels, channels_first, static_cast<float *>(out), fast, row_begin, row_end, x, tile); break;
+        case Dst::u8: finish_rows(s, hi, lo, positions, channels, channels_first, static_cast<uint8_t *>(out), fast, row_begin, row_end, x, tile); break;
+        case Dst::s8: finish_rows(s, hi, lo, positions, channels, channels_first, static_cast<int8_t *>(out), fast, row_begin, row_end, x, tile); break;
     }
 }
 
@@ -244,11 +276,12 @@ class Scratch {
 
 // One primitive over a band of the layer's output (band_rows: some of its images, of one image's first
 // spatial axis, or of a matmul's rows), reading the source from `src_offset` bytes and writing from
-// `dst_offset` accumulators.
+// `dst_offset` accumulators: the accumulator rows (positions) [first_row, end_row).
 struct Band {
     primitive prim;
     memory src, dst_hi, dst_lo, scratchpad;
     size_t src_offset = 0, dst_offset = 0;
+    int64_t first_row = 0, end_row = 0;
 };
 
 struct Prepared {  // one source shape
@@ -357,19 +390,28 @@ int64_t band_rows(const Operation &op, const memory::dims &out) {
     return op.kind == Kind::matmul ? out[0] : out[0] > 1 ? out[0] : out[2];
 }
 
-// How many bands a run computes: one per thread, each a oneDNN primitive that runs on a thread of lpt's
-// own, single-threaded. oneDNN's threads are OpenMP's: asleep between calls (OMP_WAIT_POLICY=PASSIVE,
-// _library.py says why), waking them cost each call about 0.08 ms on a 2-core VM (a Xeon with AMX: the
-// PaddleOCR recognizer's 1×1 convolutions of one position took 0.086 ms on the u8s8 route, 0.002 ms on
-// lpt's s16), while lpt's workers spin through a program's run. Its plan took 15.1 → 10.0 ms so, the
-// detector's 71 → 60 ms; a layer below PARALLEL_WORK products is one band, as lpt's own loops.
+// The accumulators of one band at most, where the layer has more rows than bands: the thread that
+// computed a band stages it right away, while they are in that core's L2 cache. (A ResNet-18 at batch 1
+// ran as fast with 256 KB, 1 MB or one band per thread; a layer of 900×161 positions has 37 MB of them.)
+constexpr size_t BAND_ACCUMULATOR_BYTES = 512u << 10;
+
+// How many bands a run computes: at least one per thread, each a oneDNN primitive that runs on a thread
+// of lpt's own, single-threaded. oneDNN's threads are OpenMP's: asleep between calls
+// (OMP_WAIT_POLICY=PASSIVE, _library.py says why), waking them cost each call about 0.08 ms on a 2-core
+// VM (a Xeon with AMX: the PaddleOCR recognizer's 1×1 convolutions of one position took 0.086 ms on the
+// u8s8 route, 0.002 ms on lpt's s16), while lpt's workers spin through a program's run. Its plan took
+// 15.1 → 10.0 ms so, the detector's 71 → 60 ms; a layer below PARALLEL_WORK products is one band, as
+// lpt's own loops. More bands than threads where a band's accumulators would pass BAND_ACCUMULATOR_BYTES.
 int band_count(const Operation &op, const memory::dims &src_dims) {
     const memory::dims out = primitive_output_dims(op, src_dims);
-    double products = (double)op.weights.size();
+    double products = (double)op.weights.size(), accumulators = 1;
+    for (auto d : out) accumulators *= (double)d;
     if (op.kind == Kind::matmul) products *= (double)out[0];
     else for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i] * (double)out[0];
-    if (op.threads < 2 || products < PARALLEL_WORK) return 1;
-    return (int)std::min<int64_t>(op.threads, band_rows(op, out));
+    if (products < PARALLEL_WORK) return 1;
+    const double bytes = accumulators * sizeof(int32_t) * (op.route == Route::split ? 2 : 1);
+    const int64_t cached = (int64_t)std::ceil(bytes / BAND_ACCUMULATOR_BYTES);
+    return (int)std::min<int64_t>(std::max<int64_t>(op.threads, cached), band_rows(op, out));
 }
 
 // A band's primitive and memory objects from the descriptor oneDNN made for it; returns the layout it
@@ -451,6 +493,10 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
                     algorithm::convolution_direct, src_md, weights_any, dst_md, sub ? ones : op.strides,
                     op.dilations, pads_begin, pads_end, attr);
             chosen = adopt<convolution_forward>(band, pd, p->impl);
+            int64_t items = 1;
+            for (auto d : band_dst) items *= d;
+            band.first_row = (int64_t)band.dst_offset / op.out_channels;
+            band.end_row = band.first_row + items / op.out_channels;
         } else {
             const memory::desc src_md({end - begin, src_dims[1]}, dt::u8, tag::ab);
             const memory::desc dst_md({end - begin, op.out_channels}, dt::s32, tag::ab);
@@ -458,6 +504,7 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
             chosen = adopt<matmul>(band, pd, p->impl);
             band.src_offset = (size_t)(begin * src_dims[1]);
             band.dst_offset = (size_t)(begin * op.out_channels);
+            band.first_row = begin, band.end_row = end;
         }
         if (b == 0) {
             weights_desc = chosen;
@@ -989,10 +1036,19 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         flip_signs(data, scratch, (int64_t)src_bytes, op.threads);
         data = scratch;
     }
-    // Each band on a thread of lpt's pool, oneDNN on that thread alone: no OpenMP team to wake (band_count).
+    const int64_t channels = op.out_channels;
+    // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
+    const int64_t out_images = op.kind == Kind::conv ? images : 1;
+    const int64_t out_positions = (int64_t)out_items / (out_images * channels);
+    const bool channels_first = op.kind == Kind::conv && !channels_last_out;
+    const lpt_s16::Epilogue *fast = dst == op.stage.dst && lpt_s16::supported() ? &op.epilogue : nullptr;
+    // Each band on a thread of lpt's pool, oneDNN on that thread alone: no OpenMP team to wake
+    // (band_count); then its output stage on the same thread, its accumulators still in that core's cache.
     const int64_t bands = (int64_t)p.bands.size();
-    lpt_parallel::run(bands > 1 ? op.threads : 1, bands, 1, [&](lpt_parallel::Chunks &chunks) {
+    lpt_parallel::run(std::min<int64_t>(bands, op.threads), bands, 1, [&](lpt_parallel::Chunks &chunks) {
         omp_set_num_threads(1);
+        std::vector<float> x;
+        std::vector<char> tile;
         for (int64_t b; chunks.next(b);) {
             Band &band = p.bands[b];
             band.src.set_data_handle(const_cast<uint8_t *>(data) + band.src_offset);
@@ -1008,15 +1064,14 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                 band.prim.execute(thread_stream(), arguments);
             }
             thread_stream().wait();
+            if (bands > 1)
+                finish_rows_as(dst, op.stage, acc_hi, acc_lo, out_positions, channels, channels_first, out, fast,
+                               band.first_row, band.end_row, x, tile);
         }
     });
-    const int64_t channels = op.out_channels;
-    // conv: [N, out positions, OC] accumulators; matmul: one "image" of M rows
-    const int64_t out_images = op.kind == Kind::conv ? images : 1;
-    const int64_t out_positions = (int64_t)out_items / (out_images * channels);
-    const bool channels_first = op.kind == Kind::conv && !channels_last_out;
-    finish_as(dst, op.stage, acc_hi, acc_lo, out_images, out_positions, channels, channels_first,
-              out, op.threads, dst == op.stage.dst && lpt_s16::supported() ? &op.epilogue : nullptr);
+    if (bands == 1)  // one band (a small layer, or one that does not split): its stage may still take every thread
+        finish_as(dst, op.stage, acc_hi, acc_lo, out_images, out_positions, channels, channels_first, out,
+                  op.threads, fast);
     if (accumulators_hi.bytes() + accumulators_lo.bytes() + src_scratch.bytes() > KEEP_SCRATCH_BYTES) {
         // a large batch's scratch would stay allocated: give it back
         accumulators_hi.release();

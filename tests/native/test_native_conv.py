@@ -269,6 +269,25 @@ def test_a_layer_in_bands_sums_what_one_primitive_does(route, case, zero_point):
     assert np.array_equal(conv.accumulate(src), expected)
 
 
+@pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # oneDNN's: s16 has no bands
+@pytest.mark.parametrize("images, size", [(3, 40), (1, 70)], ids=["bands-of-images", "bands-of-rows"])
+def test_each_band_is_staged_by_the_thread_that_computed_it(route, images, size):
+    """Over 512 KB of accumulators a layer runs in more bands than threads, each band's output stage right after
+    its primitive: lpt's NumPy bits in both layouts, bands of rows ending inside a block of 64 positions too."""
+    rng = np.random.default_rng(size)
+    weights = rng.integers(-128, 128, (64, 16, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (images, 16, size, size)).astype(np.uint8)
+    stage = dict(multiplier=rng.uniform(2e-5, 6e-5, 64).astype(np.float32), bias=rng.normal(0, 0.5, 64).astype(np.float32),
+                 post_ops=(Relu(),), dst_scale=np.float32(0.02), dst_zero_point=np.int32(0))
+    conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, route=route, threads=2, dst_dtype=np.uint8,
+                           **stage)
+    expected = output_stage(conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32), qmin=0, qmax=255,
+                            **stage)
+    assert 0.2 < np.count_nonzero(expected) / expected.size < 0.8  # neither all clipped nor all saturated
+    assert same_bits(conv(src), expected)
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+
+
 def test_runs_again_on_another_shape_and_keeps_the_first():
     weights = np.arange(-60, 60, dtype=np.int8).reshape(4, 3, 10)
     conv = lpt.native.Conv(weights, strides=(2,), pads=(3, 1), src_zero_point=5, threads=1)
