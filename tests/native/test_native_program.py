@@ -47,6 +47,23 @@ def test_quantize_equals_lpts_quantize(seed, parameters):
     assert same_bits(program(x)[0], quantize(x, scale, zero_point, qmin, qmax))
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(0, 0, 255), (128, 0, 255), (0, -128, 127), (-3, -127, 127)]))
+def test_quantize_a_hair_from_half_levels_divides(seed, destination):
+    """Values one ulp either side of (k + 0.5)·scale, where x·(1/scale) and x / scale round apart on a share of
+    them: the engine's levels are the division's. (Multiplying where that is sure to give the same levels, and
+    dividing near half-levels, was measured on a Xeon: 65K values in 15 µs against the division's 14.)"""
+    zero_point, qmin, qmax = destination
+    scale = np.float32(10 ** np.random.default_rng(seed).uniform(-4, 0.6))
+    centre = ((np.arange(qmin - zero_point - 2, qmax - zero_point + 2) + 0.5) * scale).astype(np.float32)
+    x = np.concatenate([np.nextafter(centre, np.float32(np.inf)), centre, np.nextafter(centre, np.float32(-np.inf))])
+    multiplied = np.rint(x * (np.float32(1) / scale))
+    assert np.count_nonzero(multiplied != np.rint(x / scale)) > 0 or scale == 2 ** np.round(np.log2(scale))
+    program = Program([("quantize", ["x"], "q", (float(scale), zero_point, qmin, qmax, qmin < 0))], ["x"], ["q"],
+                      threads=1)
+    assert same_bits(program(x.reshape(1, 1, -1))[0], quantize(x.reshape(1, 1, -1), scale, zero_point, qmin, qmax))
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.sampled_from([np.uint8, np.int8]),
        st.sampled_from([np.uint8, np.int8]), st.booleans())
