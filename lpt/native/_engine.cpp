@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -929,6 +930,10 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
 }
 
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
+// What a caller does with output rows [first_row, end_row) as soon as they are written, on `threads` threads
+// (a residual join after a convolution: join_in_bands).
+using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
+
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
     const lpt_s16::Geometry &g = op.geometry;
@@ -985,8 +990,11 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
 // One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
 // with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
 // src_zero_point: the operation's own, or one given at run time (py_run).
+// `rows_done`, where given, sees each band's rows once staged, on the thread that staged them (every row at
+// the end on route s16 and for a layer of one band).
 void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
-             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
+             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes,
+             const RowsDone *rows_done = nullptr) {
     std::lock_guard<std::mutex> guard(op.lock);
     if (op.kind == Kind::matmul && (dst == Dst::s32 || dst == op.stage.dst) && lpt_s16::supported() &&
         out_bytes == (size_t)(dims[0] * op.out_channels) * item_size(dst) &&
@@ -996,6 +1004,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     }
     if (op.route == Route::s16) {
         run_s16(op, src, dims, channels_last, signed_src, src_zero_point, dst, channels_last_out, out, out_bytes);
+        if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }
     const int zero_point = src_zero_point + (signed_src ? 128 : 0);
@@ -1064,14 +1073,18 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                 band.prim.execute(thread_stream(), arguments);
             }
             thread_stream().wait();
-            if (bands > 1)
+            if (bands > 1) {
                 finish_rows_as(dst, op.stage, acc_hi, acc_lo, out_positions, channels, channels_first, out, fast,
                                band.first_row, band.end_row, x, tile);
+                if (rows_done) (*rows_done)(band.first_row, band.end_row, 1);
+            }
         }
     });
-    if (bands == 1)  // one band (a small layer, or one that does not split): its stage may still take every thread
+    if (bands == 1) {  // one band (a small layer, or one that does not split): its stage may still take every thread
         finish_as(dst, op.stage, acc_hi, acc_lo, out_images, out_positions, channels, channels_first, out,
                   op.threads, fast);
+        if (rows_done) (*rows_done)(0, out_images * out_positions, op.threads);
+    }
     if (accumulators_hi.bytes() + accumulators_lo.bytes() + src_scratch.bytes() > KEEP_SCRATCH_BYTES) {
         // a large batch's scratch would stay allocated: give it back
         accumulators_hi.release();
@@ -1456,7 +1469,8 @@ constexpr size_t KEEP_PROGRAM_BYTES = (size_t)512 << 20;
 
 
 
-void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch) {
+void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch,
+               const RowsDone *rows_done = nullptr) {
     Operation &op = *ins.operation;
     if (!src.eight_bit()) throw Unsupported("a layer reads other than 8-bit integers");
     const int expected_rank = op.kind == Kind::conv ? (int)op.weight_dims.size() - (op.groups > 1 ? 1 : 0) : -1;
@@ -1490,8 +1504,14 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
         const int64_t count = std::min(chunk, images - first);
         memory::dims dims(src.dims.begin(), src.dims.end());
         dims[0] = count;
+        // rows_done counts the rows of the whole output, execute those of these images
+        const int64_t first_row = first * out_image / op.out_channels;
+        const RowsDone these = [&](int64_t begin, int64_t end, int threads) {
+            (*rows_done)(first_row + begin, first_row + end, threads);
+        };
         execute(op, in + first * in_image, dims, src.transposed(), signed_src, op.src_zero_point, dst, true,
-                static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)));
+                static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)),
+                rows_done ? &these : nullptr);
     }
 }
 
@@ -1648,6 +1668,46 @@ bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big)
     while (first < small.size() && small[first] == 1) ++first;
     for (size_t i = first; i < small.size(); ++i)
         if (small[i] != big[skip + i]) return false;
+    return true;
+}
+
+// Whether `join` reads the output of the convolution `layer` and one other tensor (a residual join).
+bool joins_layer(const Instruction &layer, const Instruction &join) {
+    if (layer.code != Code::layer || layer.operation->kind != Kind::conv || join.code != Code::join) return false;
+    return (join.in[0] == layer.out) != (join.in[1] == layer.out);
+}
+
+// A convolution and the residual join after it (joins_layer) in one pass: each band's rows joined right after
+// their output stage, on the thread that staged them, while they are in its cache, instead of a pass over
+// the whole tensor after the layer. The same operations on the same values as step's join, a range of rows
+// at a time. False, with nothing run, where the other operand is not 8-bit in the convolution's output shape
+// and layout: then the two run one after the other.
+bool join_in_bands(Program &program, const Instruction &layer, const Instruction &join) {
+    std::vector<Slot> &slots = program.slots;
+    const Slot &src = slots[layer.in[0]];
+    const bool layer_first = join.in[0] == layer.out;
+    const Slot &other = slots[join.in[layer_first ? 1 : 0]];
+    Operation &op = *layer.operation;
+    const size_t rank = op.weight_dims.size() - (op.groups > 1 ? 1 : 0);
+    if (!src.eight_bit() || !other.eight_bit() || op.stage.dst == Dst::f32 || src.dims.size() != rank) return false;
+    const std::vector<int64_t> dims = layer_output_dims(op, src.dims);
+    int64_t positions = 1;
+    for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
+    const bool transposed = dims[1] > 1 && positions > 1;  // as Slot::transposed() will say of the layer's output
+    if (other.dims != dims || other.transposed() != transposed) return false;
+    Slot &out = slots[join.out], &mid = slots[layer.out];
+    out.dims = dims;
+    out.channels_last = transposed;
+    char *o = static_cast<char *>(out.allocate(join.to.type, dims[0] * dims[1] * positions));
+    const int64_t channels = op.out_channels, out_item = item_of(join.to.type);
+    const RowsDone joined = [&](int64_t begin, int64_t end, int threads) {
+        const Slot &a = layer_first ? mid : other, &b = layer_first ? other : mid;
+        const int64_t first = begin * channels;
+        lpt_ops::join(static_cast<const char *>(a.data) + first, a.type == 'b', static_cast<const char *>(b.data) + first,
+                      b.type == 'b', (end - begin) * channels, join.multiply, join.a_shift, join.a_scale, join.b_shift,
+                      join.b_scale, join.relu, join.to, o + first * out_item, threads);
+    };
+    run_layer(layer, src, mid, program.scratch, &joined);
     return true;
 }
 
@@ -2589,14 +2649,19 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         program->seconds.assign(program->code.size(), 0.0);
         const lpt_parallel::Busy busy;
         auto start = std::chrono::steady_clock::now();
-        for (size_t i = 0; i < program->code.size(); ++i) {
-            const Instruction &ins = program->code[i];
-            step(*program, ins);
-            for (int slot : ins.in)  // inputs are the caller's: they hold no memory to release
-                if (program->last_use[slot] == i) program->slots[slot].release();
+        const std::vector<Instruction> &code = program->code;
+        for (size_t i = 0; i < code.size(); ++i) {
+            // a convolution and the residual join after it run as one (join_in_bands): the join's time is the layer's
+            const bool paired = i + 1 < code.size() && joins_layer(code[i], code[i + 1]) &&
+                                join_in_bands(*program, code[i], code[i + 1]);
+            if (!paired) step(*program, code[i]);
+            for (size_t k = i; k <= i + paired; ++k)
+                for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release
+                    if (program->last_use[slot] == k) program->slots[slot].release();
             const auto end = std::chrono::steady_clock::now();
             program->seconds[i] = std::chrono::duration<double>(end - start).count();
             start = end;
+            i += paired;
         }
     } catch (const Unsupported &e) {
         error = e.what();
