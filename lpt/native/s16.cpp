@@ -839,7 +839,8 @@ PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
 namespace {
 
 template <typename T>
-void stage_rows_typed(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, T *out) {
+void stage_rows_typed(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
+                      int64_t channels, int64_t acc_stride, T *out, int64_t out_stride) {
     alignas(32) int32_t acc[LANES];
     for (int64_t c0 = 0; c0 < channels; c0 += LANES) {
         const int64_t valid = std::min(LANES, channels - c0);
@@ -847,26 +848,38 @@ void stage_rows_typed(const Epilogue &e, const int32_t *hi, const int32_t *lo, i
         // than a tile reads past its row into the next, computed and never stored, except in the last row
         // (past the buffer's end), which goes through `acc` as the split route's rows do.
         const int64_t direct = lo ? 0 : valid == LANES ? rows : rows - 1;
-        if (direct > 0) stage(e, hi + c0, channels, direct, c0, valid, out + c0, channels);
+        if (direct > 0) stage(e, hi + c0, acc_stride, direct, first_channel + c0, valid, out + c0, out_stride);
         for (int64_t r = direct; r < rows; ++r) {
-            const int32_t *h = hi + r * channels + c0;
+            const int32_t *h = hi + r * acc_stride + c0;
             if (lo)
-                for (int64_t c = 0; c < valid; ++c) acc[c] = (int32_t)((uint32_t)h[c] * 64u + (uint32_t)lo[r * channels + c0 + c]);
+                for (int64_t c = 0; c < valid; ++c) acc[c] = (int32_t)((uint32_t)h[c] * 64u + (uint32_t)lo[r * acc_stride + c0 + c]);
             else
                 std::memcpy(acc, h, valid * sizeof(int32_t));
             std::fill(acc + valid, acc + LANES, 0);  // lanes past the row: computed, never stored
-            stage(e, acc, LANES, 1, c0, valid, out + r * channels + c0, 0);
+            stage(e, acc, LANES, 1, first_channel + c0, valid, out + r * out_stride + c0, 0);
         }
     }
+}
+
+template <typename T>
+void stage_columns_as(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
+                      int64_t channels, int64_t acc_stride, void *out, int64_t out_stride) {
+    stage_rows_typed(e, hi, lo, rows, first_channel, channels, acc_stride, static_cast<T *>(out) + first_channel,
+                     out_stride);
 }
 
 }  // namespace
 
 void stage_rows(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, void *out) {
+    stage_columns(e, hi, lo, rows, 0, channels, channels, out, channels);
+}
+
+void stage_columns(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
+                   int64_t channels, int64_t acc_stride, void *out, int64_t out_stride) {
     switch (e.type) {
-        case Epilogue::f32: stage_rows_typed(e, hi, lo, rows, channels, static_cast<float *>(out)); break;
-        case Epilogue::u8: stage_rows_typed(e, hi, lo, rows, channels, static_cast<uint8_t *>(out)); break;
-        case Epilogue::s8: stage_rows_typed(e, hi, lo, rows, channels, static_cast<int8_t *>(out)); break;
+        case Epilogue::f32: stage_columns_as<float>(e, hi, lo, rows, first_channel, channels, acc_stride, out, out_stride); break;
+        case Epilogue::u8: stage_columns_as<uint8_t>(e, hi, lo, rows, first_channel, channels, acc_stride, out, out_stride); break;
+        case Epilogue::s8: stage_columns_as<int8_t>(e, hi, lo, rows, first_channel, channels, acc_stride, out, out_stride); break;
     }
 }
 

@@ -112,6 +112,11 @@ void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry
 // The same output stage on `rows` rows of `channels` accumulators from elsewhere (oneDNN's: hi, or
 // hi·64 + lo on the split route) into as many rows of out. Needs AVX2 (supported()).
 void stage_rows(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t channels, void *out);
+// The same on channels [first_channel, first_channel + channels) only: acc rows `acc_stride` apart holding
+// those channels alone, into those columns of out's rows of `out_stride` values (a band of a layer's
+// output channels).
+void stage_columns(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
+                   int64_t channels, int64_t acc_stride, void *out, int64_t out_stride);
 
 // out[i] = saturate(rint(x[i] / scale) + zero_point) in [qmin, qmax], int8 or uint8: the output stage's last
 // step, and lpt's QuantizeLinear (lpt.kernels.quantize), sixteen values at a time. Needs AVX2.

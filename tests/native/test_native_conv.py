@@ -288,6 +288,26 @@ def test_each_band_is_staged_by_the_thread_that_computed_it(route, images, size)
     assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
 
 
+@pytest.mark.parametrize("out_channels", [256, 200])
+def test_a_deep_layer_of_few_positions_splits_its_output_channels(out_channels):
+    """Weights of 256 KB and more that outweigh the accumulators (a deep layer over 6×6): on route u8s8 each thread
+    computes and stages a band of output channels with those channels' weights (200 splits as 96 + 104); the
+    NumPy bits in the channels-last layout that takes channel bands, the accumulators, and channels-first."""
+    rng = np.random.default_rng(out_channels)
+    weights = rng.integers(-128, 128, (out_channels, 256, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (1, 256, 6, 6)).astype(np.uint8)
+    stage = dict(multiplier=rng.uniform(1e-5, 3e-5, out_channels).astype(np.float32),
+                 bias=rng.normal(0, 0.5, out_channels).astype(np.float32), post_ops=(Relu(),),
+                 dst_scale=np.float32(0.05), dst_zero_point=np.int32(0))
+    conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, threads=2, dst_dtype=np.uint8, **stage)
+    accumulators = conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32)
+    expected = output_stage(accumulators, qmin=0, qmax=255, **stage)
+    assert 0.2 < np.count_nonzero(expected) / expected.size < 0.8
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+    assert np.array_equal(conv.accumulate(src, channels_last=True), accumulators)
+    assert same_bits(conv(src), expected)
+
+
 def test_runs_again_on_another_shape_and_keeps_the_first():
     weights = np.arange(-60, 60, dtype=np.int8).reshape(4, 3, 10)
     conv = lpt.native.Conv(weights, strides=(2,), pads=(3, 1), src_zero_point=5, threads=1)
