@@ -752,6 +752,26 @@ void check_stage(const Operation &op) {
 
 // The output stage as lpt_s16's vector code takes it (s16.h: Epilogue): route s16 applies it to each
 // tile of accumulators, the other routes to each channels-last row oneDNN leaves.
+// Whether every x with |x| < TINY (2^-96) gives the level x = 0 gives, so that the vector stage may take
+// such x as 0 and keep subnormal floats out of its post-ops (lpt_s16::Epilogue::flush_tiny). An 8-bit
+// destination of scale at least 2^-20, and at most four post-ops, each either taking x = 0 and x tiny to
+// the same value (a Sigmoid: 0.5, exp(−x) rounding to 1) or to values at most 2^16 times x in magnitude
+// (a LeakyRelu's slope and a HardSwish's alpha at most 2^8 in magnitude, a GELU's `one` and `half` too; a
+// clip moves two values no further apart, and where it takes either to a bound of its, both are that
+// bound or both are tiny). So both reach the quantization below 2^-96·2^64 = 2^-32 in magnitude, or
+// equal: below 2^-12 once divided by the scale, both round to 0, and the level is the same.
+bool tiny_values_quantize_as_zero(const OutputStage &s) {
+    const size_t fields = lpt_s16::POST_OP_FIELDS;
+    if (s.dst == Dst::f32 || !(s.scale >= 0x1p-20f) || s.post_ops.size() > 4 * fields) return false;
+    for (size_t k = 0; k < s.post_ops.size(); k += fields) {
+        const float kind = s.post_ops[k], first = std::fabs(s.post_ops[k + 1]), second = std::fabs(s.post_ops[k + 2]),
+                    third = std::fabs(s.post_ops[k + 3]);
+        if ((kind == lpt_s16::SLOPE_CLIP || kind == lpt_s16::HARD_SWISH) && !(first <= 256.0f)) return false;
+        if (kind == lpt_s16::GELU && !(second <= 256.0f && third <= 256.0f)) return false;
+    }
+    return true;
+}
+
 void prepare_epilogue(Operation &op) {
     const OutputStage &s = op.stage;
     const size_t padded = (size_t)(op.out_channels + 15) / 16 * 16;
@@ -769,6 +789,7 @@ void prepare_epilogue(Operation &op) {
     e.type = s.dst == Dst::u8 ? lpt_s16::Epilogue::u8 : s.dst == Dst::s8 ? lpt_s16::Epilogue::s8 : lpt_s16::Epilogue::f32;
     e.scale = s.scale;
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
+    e.flush_tiny = tiny_values_quantize_as_zero(s);
 }
 
 PyObject *fail(const std::exception &e) {

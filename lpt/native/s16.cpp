@@ -165,6 +165,12 @@ __attribute__((target("avx2"))) inline VectorPostOps vector_post_ops(const Epilo
     return v;
 }
 
+// x, or +0 where |x| < TINY (Epilogue::flush_tiny)
+__attribute__((target("avx2"))) inline __m256 flushed(__m256 x) {
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    return _mm256_andnot_ps(_mm256_cmp_ps(magnitude, _mm256_set1_ps(TINY), _CMP_LT_OQ), x);
+}
+
 // x = f32(acc)·multiplier + bias, then each post-op: lpt's Sigmoid, a GELU (slope, low, high: divisor,
 // one, half), or a LeakyRelu's x < 0 ? x·slope : x then its clip; on N vectors at once (HALVES of a
 // tile's sixteen channels, both or the first, at N / HALVES positions), so that their chains of an exp
@@ -179,6 +185,7 @@ __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, cons
         x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(a))),
                              multiplier[v % HALVES]);
         if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % HALVES]);
+        if (e.flush_tiny) x[v] = flushed(x[v]);
     }
     for (int64_t k = 0; k < ops.count; ++k) {
         if (ops.sigmoid[k]) {
@@ -323,6 +330,7 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
         for (int k = 0; k < HALVES; ++k) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * acc_stride + 8 * k));
             x[k] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), multiplier[k]), bias[k]);
+            if (e.flush_tiny) x[k] = flushed(x[k]);
             if constexpr (SLOPE) x[k] = sloped(x[k], slope);
             x[k] = _mm256_min_ps(high, _mm256_max_ps(low, x[k]));
         }

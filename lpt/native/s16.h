@@ -98,7 +98,12 @@ struct Epilogue {
     int64_t post_op_count = 0;                          // at most MAX_POST_OPS
     float scale = 1.0f;
     int zero_point = 0, qmin = 0, qmax = 255;
+    // x below TINY in magnitude enters the post-ops as +0, where that gives the same levels (_engine.cpp:
+    // tiny_values_quantize_as_zero says when): subnormal floats take a microcode assist per operation on
+    // Intel CPUs, and a real detector's GELU layers (biases of 1e-41 in dead channels) ran ten times slower.
+    bool flush_tiny = false;
 };
+constexpr float TINY = 0x1p-96f;
 
 // out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values

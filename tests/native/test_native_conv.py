@@ -308,6 +308,34 @@ def test_a_deep_layer_of_few_positions_splits_its_output_channels(out_channels):
     assert same_bits(conv(src), expected)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("post_ops", [(), (Relu(),), (GELU,), (Sigmoid(),), (Silu(),), (HARD_SWISH,),
+                                      (LeakyRelu(0.2), Clip(-1.5, 4.0)), (Sigmoid(), GELU)],
+                         ids=["none", "relu", "gelu", "sigmoid", "silu", "hard-swish", "leaky-clip", "sigmoid-gelu"])
+def test_subnormal_values_before_the_post_ops_give_the_numpy_levels(route, post_ops):
+    """Channels of tiny multipliers or a subnormal bias (a detector's dead channels) put values below 2^-96
+    before the post-ops, which the vector stage takes as 0 for an 8-bit destination: the same levels as lpt's
+    NumPy stage, which computes them as they are; a float32 destination keeps them, bit for bit."""
+    rng = np.random.default_rng(7)
+    weights = rng.integers(-128, 128, (32, 8, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (1, 8, 12, 12)).astype(np.uint8)
+    multiplier = rng.uniform(1e-5, 3e-5, 32).astype(np.float32)
+    bias = rng.normal(0, 0.5, 32).astype(np.float32)
+    multiplier[0::4], bias[0::4] = np.float32(1e-36), np.float32(0.0)  # x about 1e-32: normal, below 2^-96
+    multiplier[1::4], bias[1::4] = np.float32(3e-45), np.float32(0.0)  # subnormal
+    multiplier[2::4], bias[2::4] = np.float32(0.0), np.float32(3e-41)  # the bias alone, subnormal
+    accumulators = conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32)
+    for dst_scale, dst_dtype in ((np.float32(0.02), np.uint8), (None, np.float32)):
+        stage = dict(multiplier=multiplier, bias=bias, post_ops=post_ops, dst_scale=dst_scale,
+                     dst_zero_point=np.int32(7 if dst_scale is not None else 0))
+        conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, route=route, threads=2,
+                               dst_dtype=dst_dtype, **stage)
+        expected = output_stage(accumulators, qmin=0, qmax=255, **stage)
+        assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+    assert np.count_nonzero((expected != 0) & (np.abs(expected) < np.finfo(np.float32).tiny)) > 0 or post_ops[:1] in (
+        (Relu(),), (Sigmoid(),))  # the float32 output holds subnormals, but where a Relu or Sigmoid takes them away
+
+
 def test_runs_again_on_another_shape_and_keeps_the_first():
     weights = np.arange(-60, 60, dtype=np.int8).reshape(4, 3, 10)
     conv = lpt.native.Conv(weights, strides=(2,), pads=(3, 1), src_zero_point=5, threads=1)
