@@ -418,20 +418,21 @@ int band_count(const Operation &op, const memory::dims &src_dims) {
     return (int)std::min<int64_t>(std::max<int64_t>(op.threads, cached), band_rows(op, out));
 }
 
-// Bands of output channels instead of rows where a layer's weights outweigh its accumulators (deep layers of
-// few positions, whose weights come from L3 at each run): each thread then reads only its own channels'
-// weights. On route u8s8, for a channels-last output staged by lpt_s16 (stage_columns); 0 where rows split.
-// ResNet-18's 512-channel 3×3 layers over 7×7 took 0.14-0.16 ms in bands of rows, 0.09-0.13 so (a Xeon with
-// AMX, 2 threads), the network 2.50-2.66 → 2.31-2.54 ms (six runs alternating).
+// Bands of output channels (a matmul's columns) instead of rows where a layer's weights outweigh its source
+// (deep layers of few positions, classifier heads of few rows, whose weights come from L3 at each run):
+// bands of rows each read all the weights and part of the source, bands of channels part of the weights
+// and all the source. On route u8s8, for a channels-last output staged by lpt_s16 (stage_columns); 0 where
+// rows split. ResNet-18's 512-channel 3×3 layers over 7×7 took 0.14-0.16 ms in bands of rows, 0.09-0.13
+// so (a Xeon with AMX, 2 threads), the network 2.50-2.66 → 2.31-2.54 ms (six runs alternating).
 constexpr size_t CHANNEL_BAND_WEIGHT_BYTES = 256u << 10;
 
 int channel_band_count(const Operation &op, const memory::dims &src_dims, bool channels_last_out) {
-    if (op.route != Route::u8s8 || op.kind != Kind::conv || op.groups != 1 || !channels_last_out ||
+    if (op.route != Route::u8s8 || op.groups != 1 || (op.kind == Kind::conv && !channels_last_out) ||
         !lpt_s16::supported() || op.threads < 2 || op.weights.size() < CHANNEL_BAND_WEIGHT_BYTES)
         return 0;
-    double accumulators = sizeof(int32_t);
-    for (auto d : primitive_output_dims(op, src_dims)) accumulators *= (double)d;
-    if ((double)op.weights.size() < accumulators) return 0;
+    double source = 1;
+    for (auto d : src_dims) source *= (double)d;
+    if ((double)op.weights.size() <= source) return 0;
     return (int)std::min<int64_t>(op.threads, op.out_channels / 16);
 }
 
@@ -479,24 +480,38 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     if (const int bands = channel_band_count(op, src_dims, channels_last_out)) {
         p->channel_bands = true;
         const int rank = (int)src_dims.size();
-        const int64_t positions = (int64_t)(image_items / op.out_channels) * dst_dims[0];
+        const int64_t positions = op.kind == Kind::conv ? (int64_t)(image_items / op.out_channels) * dst_dims[0]
+                                                        : src_dims[0];
         const int64_t per_channel = (int64_t)op.weights.size() / op.out_channels;
         for (int b = 0; b < bands; ++b) {  // channels in blocks of 16, as the stage takes them
             const int64_t first = op.out_channels * b / bands / 16 * 16;
             const int64_t end = b + 1 == bands ? op.out_channels : op.out_channels * (b + 1) / bands / 16 * 16;
-            memory::dims weight_dims = op.weight_dims, band_dst = dst_dims;
-            weight_dims[0] = band_dst[1] = end - first;
-            const bool sub = op.subsample;
-            const memory::dims ones(rank - 2, 1), none(rank - 2, 0);
-            auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
-                    algorithm::convolution_direct, memory::desc(src_dims, dt::u8, channels_last_tag(rank)),
-                    memory::desc(weight_dims, dt::s8, tag::any), memory::desc(band_dst, dt::s32, channels_last_tag(rank)),
-                    sub ? ones : op.strides, op.dilations, sub ? none : op.pads_begin, sub ? none : op.pads_end, attr);
             Band band;
-            const memory::desc chosen = adopt<convolution_forward>(band, pd, p->impl);
-            const tag plain = rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde;  // [OC, IC, *kernel]
-            band.weights = reordered(op.weights.data() + first * per_channel, memory::desc(weight_dims, dt::s8, plain),
-                                     chosen);
+            if (op.kind == Kind::conv) {
+                memory::dims weight_dims = op.weight_dims, band_dst = dst_dims;
+                weight_dims[0] = band_dst[1] = end - first;
+                const bool sub = op.subsample;
+                const memory::dims ones(rank - 2, 1), none(rank - 2, 0);
+                auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference,
+                        algorithm::convolution_direct, memory::desc(src_dims, dt::u8, channels_last_tag(rank)),
+                        memory::desc(weight_dims, dt::s8, tag::any), memory::desc(band_dst, dt::s32, channels_last_tag(rank)),
+                        sub ? ones : op.strides, op.dilations, sub ? none : op.pads_begin, sub ? none : op.pads_end, attr);
+                const memory::desc chosen = adopt<convolution_forward>(band, pd, p->impl);
+                const tag plain = rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde;  // [OC, IC, *kernel]
+                band.weights = reordered(op.weights.data() + first * per_channel,
+                                         memory::desc(weight_dims, dt::s8, plain), chosen);
+            } else {  // the weights' columns [K, first:end], made contiguous
+                const int64_t k = op.in_channels, width = end - first;
+                std::vector<int8_t> columns((size_t)(k * width));
+                for (int64_t i = 0; i < k; ++i)
+                    std::memcpy(columns.data() + i * width, op.weights.data() + i * op.out_channels + first, width);
+                const memory::dims weight_dims = {k, width};
+                auto pd = matmul::primitive_desc(cpu(), memory::desc(src_dims, dt::u8, tag::ab),
+                                                 memory::desc(weight_dims, dt::s8, tag::any),
+                                                 memory::desc({positions, width}, dt::s32, tag::ab), attr);
+                const memory::desc chosen = adopt<matmul>(band, pd, p->impl);
+                band.weights = reordered(columns.data(), memory::desc(weight_dims, dt::s8, tag::ab), chosen);
+            }
             band.dst_offset = (size_t)(positions * first);
             band.first_row = 0, band.end_row = positions;
             band.first_channel = first, band.channels = end - first;

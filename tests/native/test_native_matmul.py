@@ -100,6 +100,25 @@ def test_rows_in_bands_sum_what_one_primitive_does(route, rows):
     assert np.array_equal(matmul.accumulate(src), matmul_reference(src, 7, weights, 0))
 
 
+@pytest.mark.parametrize("rows", [1, 40])
+def test_a_head_of_few_rows_splits_its_columns(rows):
+    """Weights of 300 KB against a source of a few rows (a classifier head): on route u8s8 each thread computes and
+    stages a band of columns (496 + 504) with those columns' weights; the NumPy levels and accumulators."""
+    rng = np.random.default_rng(rows)
+    weights = rng.integers(-128, 128, (300, 1000)).astype(np.int8)
+    src = rng.integers(0, 256, (rows, 300)).astype(np.uint8)
+    multiplier = rng.uniform(1e-5, 3e-5, 1000).astype(np.float32)
+    bias = rng.normal(0, 0.5, 1000).astype(np.float32)
+    matmul = lpt.native.MatMul(weights, src_zero_point=7, multiplier=multiplier, bias=bias, post_ops=(Relu(),),
+                               dst_scale=np.float32(0.02), dst_zero_point=3, dst_dtype=np.uint8, threads=2)
+    accumulators = matmul_reference(src, 7, weights, 0)
+    expected = output_stage(accumulators.astype(np.int32), multiplier, bias, (Relu(),), np.float32(0.02), np.int32(3),
+                            0, 255, axis=-1)
+    assert 0.2 < np.count_nonzero(expected > 3) / expected.size < 0.8
+    assert np.array_equal(matmul(src), expected)
+    assert np.array_equal(matmul.accumulate(src), accumulators)
+
+
 def test_a_long_reduction_at_the_extremes():
     k = 5000
     weights = np.tile(np.array([[127, -128, 1]], np.int8), (k, 1))
