@@ -24,8 +24,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -765,8 +765,6 @@ void check_stage(const Operation &op) {
         throw std::invalid_argument("bias must have one value per output channel");
 }
 
-// The output stage as lpt_s16's vector code takes it (s16.h: Epilogue): route s16 applies it to each
-// tile of accumulators, the other routes to each channels-last row oneDNN leaves.
 // Whether every x with |x| < TINY (2^-96) gives the level x = 0 gives, so that the vector stage may take
 // such x as 0 and keep subnormal floats out of its post-ops (lpt_s16::Epilogue::flush_tiny). An 8-bit
 // destination of scale at least 2^-20, and at most four post-ops, each either taking x = 0 and x tiny to
@@ -787,6 +785,8 @@ bool tiny_values_quantize_as_zero(const OutputStage &s) {
     return true;
 }
 
+// The output stage as lpt_s16's vector code takes it (s16.h: Epilogue): route s16 applies it to each
+// tile of accumulators, the other routes to each channels-last row oneDNN leaves.
 void prepare_epilogue(Operation &op) {
     const OutputStage &s = op.stage;
     const size_t padded = (size_t)(op.out_channels + 15) / 16 * 16;
@@ -1013,11 +1013,11 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
     return true;
 }
 
-// Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
 // What a caller does with output rows [first_row, end_row) as soon as they are written, on `threads` threads
 // (a residual join after a convolution: join_in_bands).
 using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
 
+// Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
     const lpt_s16::Geometry &g = op.geometry;
