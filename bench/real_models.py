@@ -645,10 +645,14 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
 
     print_table(results, args.width)
-    info = versions()
+    from lpt.benchmark import machine  # the parent imports lpt only here: each model runs in a child of its own
+
+    info, where = versions(), machine()
     print(f"{seconds:.0f} s; " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    print(f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}")
     if args.json:
-        args.json.write_text(json.dumps({"versions": info, "seconds": round(seconds, 1), "threads": args.threads,
+        args.json.write_text(json.dumps({"versions": info, "machine": where, "seconds": round(seconds, 1),
+                                         "threads": args.threads,
                                          "repeats": args.repeats, "models": [_plain(r.to_dict()) for r in results]},
                                         indent=2, default=str))
     failed = sum(not (r.passed or r.skipped) for r in results)

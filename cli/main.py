@@ -649,6 +649,8 @@ def bench(model: str, data, fp32_path, threads: int, repeats: int, as_json: bool
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     ratios = result.ratios()
+    where = result.machine
+    click.echo(f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}")
     table = Table(title=f"median of {repeats} runs, {threads} threads", title_justify="left")
     for column in ("engine", "ms", "× onnxruntime fp32"):
         table.add_column(column)

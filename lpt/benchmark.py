@@ -18,6 +18,7 @@ against. Where it is missing or refuses the model, `unavailable` says why.
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import tempfile
 import time
@@ -35,6 +36,32 @@ from lpt.model_io import clone, to_proto
 from lpt.transformations.pipeline import transform
 
 
+# The CPU flags that decide which int8 kernels each engine runs, fastest first: AMX tiles, AVX-512 and
+# AVX dot products (exact u8×s8 sums), else AVX2's saturating pairs (README: int8 on AVX2 CPUs).
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx2")
+
+
+def machine(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """What a figure was measured on: the CPU's name, its int8 instruction sets and lpt's native route.
+    Speed figures from two machines do not compare, and these machines come with either kind of CPU."""
+    from lpt import native
+
+    name, flags = platform.processor() or "unknown", set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:  # not Linux: the name platform gives, flags unknown
+        pass
+    return {"cpu": name, "int8 instructions": " ".join(f for f in INT8_FLAGS if f in flags) or "unknown",
+            "lpt native route": (native.route() or "off") if native.available() else "off"}
+
+
 @dataclass
 class BenchResult:
     threads: int
@@ -42,6 +69,7 @@ class BenchResult:
     median_ms: dict[str, float] = field(default_factory=dict)
     profile: list[tuple[str, float]] = field(default_factory=list)  # (step, median ms), slowest first
     unavailable: dict[str, str] = field(default_factory=dict)  # engine → why it did not run
+    machine: dict[str, str] = field(default_factory=machine)
 
     def ratios(self, baseline: str = "onnxruntime fp32") -> dict[str, float]:
         base = self.median_ms.get(baseline)
@@ -50,7 +78,7 @@ class BenchResult:
     def to_dict(self) -> dict:
         return {"threads": self.threads, "repeats": self.repeats, "median_ms": self.median_ms,
                 "ratio_to_onnxruntime_fp32": self.ratios(), "profile_ms": dict(self.profile),
-                "unavailable": self.unavailable}
+                "unavailable": self.unavailable, "machine": self.machine}
 
 
 SETTLE_SECONDS = 0.1  # the pause before each block: spinning workers of the engine before have stopped
