@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -338,6 +339,77 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
     }
 }
 
+// Whether the GELU stage takes sixteen channels per AVX-512 register (gelu_stage_512): an Intel CPU since
+// Skylake-SP, an AMD one since Zen 4. LPT_AVX512=off keeps AVX2, as on a CPU without AVX-512, so that
+// one machine tests both.
+bool avx512_stage() {
+    static const bool on = [] {
+        const char *forced = std::getenv("LPT_AVX512");
+        return !(forced && std::strcmp(forced, "off") == 0) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    }();
+    return on;
+}
+
+// The 8-bit output stage of a layer whose one post-op is a GELU, sixteen channels per register and two
+// positions at a time: the operations of stage_values, lpt_exp::erf_lanes_n and store_quantized in the same
+// order, so each lane the same bits. Lanes past `valid` are neither read nor written.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const Epilogue &e, const int32_t *acc,
+                                                                          int64_t acc_stride, int64_t count, int64_t c0,
+                                                                          int64_t valid, T *out, int64_t out_stride) {
+    const __mmask16 lanes = valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
+    const float magic = 12582912.0f;  // 1.5·2^23, as quantizer()
+    const __m512 scale = _mm512_set1_ps(e.scale), level_low = _mm512_set1_ps((float)(e.qmin - e.zero_point)),
+                 level_high = _mm512_set1_ps((float)(e.qmax - e.zero_point)), vmagic = _mm512_set1_ps(magic),
+                 magic_less_zero_point = _mm512_set1_ps(magic - (float)e.zero_point);
+    const __m512 divisor = _mm512_set1_ps(e.post_ops[1]), gelu_one = _mm512_set1_ps(e.post_ops[2]),
+                 half = _mm512_set1_ps(e.post_ops[3]);
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f),
+                 seven = _mm512_set1_ps(7.0f), tiny = _mm512_set1_ps(TINY);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    // the eight-entry tables in the low half of a register: an interval k < 8 picks from there only
+    const __m512 centres = _mm512_castps256_ps512(_mm256_load_ps(lpt_exp::ERF_CENTRES));
+    __m512 terms[lpt_exp::ERF_DEGREE + 1];
+    for (int j = 0; j <= lpt_exp::ERF_DEGREE; ++j) terms[j] = _mm512_castps256_ps512(_mm256_load_ps(lpt_exp::ERF_TERMS[j]));
+    const __m512 multiplier = _mm512_maskz_loadu_ps(lanes, e.multiplier + c0);
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(lanes, e.bias + c0) : _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; j += 2) {
+        const int n = count - j > 1 ? 2 : 1;
+        __m512 x[2], erf[2], a[2], t[2], p[2];
+        __m512i k[2];
+        for (int v = 0; v < n; ++v) {
+            const __m512i values = _mm512_maskz_loadu_epi32(lanes, acc + (j + v) * acc_stride);
+            x[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(values), multiplier);
+            if (e.bias) x[v] = _mm512_add_ps(x[v], bias);
+            if (e.flush_tiny)  // flushed(): +0 where |x| < TINY
+                x[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x[v]), tiny, _CMP_NLT_UQ), x[v]);
+            erf[v] = _mm512_div_ps(x[v], divisor);
+            a[v] = _mm512_abs_ps(erf[v]);
+            k[v] = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_mul_ps(a[v], two), seven));
+            t[v] = _mm512_sub_ps(a[v], _mm512_permutexvar_ps(k[v], centres));
+            p[v] = _mm512_permutexvar_ps(k[v], terms[0]);
+        }
+        for (int d = 1; d <= lpt_exp::ERF_DEGREE; ++d)
+            for (int v = 0; v < n; ++v) p[v] = _mm512_add_ps(_mm512_mul_ps(p[v], t[v]), _mm512_permutexvar_ps(k[v], terms[d]));
+        for (int v = 0; v < n; ++v) {
+            __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a[v], one, _CMP_LT_OQ), _mm512_sub_ps(one, p[v]),
+                                            _mm512_mul_ps(a[v], p[v]));
+            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a[v], four, _CMP_LT_OQ), one, y);
+            // the argument's sign (y is not negative), and a NaN argument as it is
+            y = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),
+                                                    _mm512_and_si512(_mm512_castps_si512(erf[v]), sign)));
+            y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(erf[v], erf[v], _CMP_UNORD_Q), erf[v]);
+            x[v] = _mm512_mul_ps(_mm512_mul_ps(x[v], _mm512_add_ps(y, gelu_one)), half);
+            // store_quantized: x / scale clamped (max(NaN, low) is low), rounded half to even, + zero point
+            const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x[v], scale), level_low), level_high);
+            const __m512i level = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(q, vmagic), magic_less_zero_point));
+            const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(level) : _mm512_cvtsepi32_epi8(level);
+            _mm_mask_storeu_epi8(out + (j + v) * out_stride, lanes, bytes);
+        }
+    }
+}
+
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
@@ -352,6 +424,10 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
             const auto clipped = slope ? (valid <= 8 ? clipped_stage<T, 1, true> : clipped_stage<T, 2, true>)
                                        : (valid <= 8 ? clipped_stage<T, 1, false> : clipped_stage<T, 2, false>);
             clipped(e, acc, acc_stride, count, c0, valid, out, out_stride);
+            return;
+        }
+        if (e.post_op_count == 1 && e.post_ops[0] == GELU && avx512_stage()) {
+            gelu_stage_512<T>(e, acc, acc_stride, count, c0, valid, out, out_stride);
             return;
         }
     }
