@@ -645,11 +645,12 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
 
     print_table(results, args.width)
-    from lpt.benchmark import machine  # the parent imports lpt only here: each model runs in a child of its own
+    # the parent imports lpt only here: each model runs in a child of its own
+    from lpt.benchmark import machine, machine_line
 
     info, where = versions(), machine()
     print(f"{seconds:.0f} s; " + ", ".join(f"{k} {v}" for k, v in info.items()))
-    print(f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}")
+    print(machine_line(where))
     if args.json:
         args.json.write_text(json.dumps({"versions": info, "machine": where, "seconds": round(seconds, 1),
                                          "threads": args.threads,

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from onnx import helper, numpy_helper
 
 import lpt
-from lpt.benchmark import benchmark
+from lpt.benchmark import benchmark, machine_line
 
 RNG = np.random.default_rng(0)
 
@@ -89,9 +89,8 @@ def main(argv=None) -> int:
     fq = lpt.calibrate(fp32, calibration, quiet=True, bias_correction=False).model
     feeds = {"input": RNG.uniform(-2, 2, (1, 3, 224, 224)).astype(np.float32)}
     result = benchmark(fq, feeds, fp32_model=fp32, threads=args.threads, repeats=args.repeats)
-    where = result.machine
     print(f"ResNet-18 shape, batch 1, 224x224, {args.threads} threads, median of {args.repeats}; "
-          f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}")
+          f"{machine_line(result.machine)}")
     for engine, ms in result.median_ms.items():
         print(f"  {engine:<18} {ms:8.2f} ms   x{result.ratios()[engine]:.2f} of onnxruntime fp32")
     for engine, why in result.unavailable.items():

@@ -631,7 +631,7 @@ def bench(model: str, data, fp32_path, threads: int, repeats: int, as_json: bool
     Example:
       lpt bench models/digits_cnn.ort_qdq.onnx --data models/digits_cnn.npz --fp32 models/digits_cnn.onnx
     """
-    from lpt.benchmark import benchmark
+    from lpt.benchmark import benchmark, machine_line
     from lpt.calibration.data import CalibrationData, input_specs
 
     threads = bounded_threads("--threads", threads, 1)
@@ -649,8 +649,7 @@ def bench(model: str, data, fp32_path, threads: int, repeats: int, as_json: bool
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     ratios = result.ratios()
-    where = result.machine
-    click.echo(f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}")
+    click.echo(machine_line(result.machine))
     table = Table(title=f"median of {repeats} runs, {threads} threads", title_justify="left")
     for column in ("engine", "ms", "× onnxruntime fp32"):
         table.add_column(column)

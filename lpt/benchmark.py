@@ -62,6 +62,11 @@ def machine(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
             "lpt native route": (native.route() or "off") if native.available() else "off"}
 
 
+def machine_line(where: dict[str, str]) -> str:
+    """machine()'s record as the one line the benchmarks print above their figures."""
+    return f"{where['cpu']} ({where['int8 instructions']}), lpt route {where['lpt native route']}"
+
+
 @dataclass
 class BenchResult:
     threads: int

@@ -34,6 +34,8 @@ def test_the_machine_a_figure_was_measured_on(tmp_path):
     assert where["int8 instructions"] == "amx_int8 avx512_vnni avx2"
     expected_route = (lpt.native.route() or "off") if lpt.native.available() else "off"
     assert where["lpt native route"] == expected_route
+    line = f"Intel(R) Xeon(R) Processor (amx_int8 avx512_vnni avx2), lpt route {expected_route}"
+    assert benchmark.machine_line(where) == line
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2\n")
     assert benchmark.machine(str(cpuinfo))["int8 instructions"] == "unknown"
     assert benchmark.machine(str(tmp_path / "missing"))["cpu"]  # not Linux: platform's name, never an error
