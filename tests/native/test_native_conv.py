@@ -240,6 +240,32 @@ def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):
         assert np.array_equal(conv.accumulate(src), expected)
 
 
+# Layers on which oneDNN 3.2's AMX kernels, where the CPU has them, crashed or summed wrong (found by a fuzzer):
+# lpt takes its VNNI kernels there. (kernel, strides, dilations, pads, spatial, channels, zero point)
+AMX_WRONG_LAYERS = {
+    "3-D, wrong sums": ((1, 2, 1), (3, 3, 3), (1, 1, 2), (0, 1, 0, 0, 0, 2), (16, 14, 1), 64, 0),
+    "3-D, no dilation, wrong sums": ((2, 1, 2), (2, 3, 2), (1, 1, 1), (0, 0, 2, 1, 1, 1), (14, 12, 13), 128, 0),
+    "3-D, a crash": ((1, 3, 3), (3, 1, 2), (1, 1, 1), (0, 0, 1, 0, 1, 0), (1, 9, 2), 16, 3),
+    "dilated, rows of padding only": ((2, 1), (3, 1), (2, 2), (1, 1, 2, 0), (1, 6), 128, 0),
+    "dilated, a zero point": ((2, 2), (1, 1), (2, 2), (1, 0, 2, 0), (12, 3), 16, 3),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("layer", AMX_WRONG_LAYERS.values(), ids=AMX_WRONG_LAYERS.keys())
+def test_layers_oneDNNs_amx_kernels_get_wrong(route, layer):
+    kernel, strides, dilations, pads, spatial, channels, zero_point = layer
+    rng = np.random.default_rng(0)
+    weights = rng.integers(-128, 128, (channels, channels) + kernel).astype(np.int8)
+    src = rng.integers(0, 256, (1, channels) + spatial).astype(np.uint8)
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=1, strides=strides,
+                           dilations=dilations, pads=pads)
+    expected = conv_reference(src, weights, zero_point, strides=list(strides), dilations=list(dilations), pads=list(pads))
+    for _ in range(3):  # the wrong sums differed from run to run
+        assert np.array_equal(conv.accumulate(src), expected)
+    assert "amx" not in conv.implementation
+
+
 @st.composite
 def banded_cases(draw):
     """A layer large enough (over a million products) that each of two threads runs a band of it: one image split
