@@ -399,20 +399,27 @@ int64_t band_rows(const Operation &op, const memory::dims &out) {
 // ran as fast with 256 KB, 1 MB or one band per thread; a layer of 900×161 positions has 37 MB of them.)
 constexpr size_t BAND_ACCUMULATOR_BYTES = 512u << 10;
 
+// Products below which a layer is one band, on the calling thread: a few microseconds of work on one core,
+// less than a worker that has just woken takes to join. silero_vad_16k_op15's 128 → 64 convolution over 4
+// positions (49152 products) took 0.030 ms in two bands after an onnxruntime region, 0.005 in one; its plan
+// 0.25-0.28 → 0.20-0.23 ms with this bound instead of 2^15 (a Xeon with AMX, 2 threads), seven other corpus
+// models the same within the noise.
+constexpr double BAND_WORK = 1 << 20;
+
 // How many bands a run computes: at least one per thread, each a oneDNN primitive that runs on a thread
 // of lpt's own, single-threaded. oneDNN's threads are OpenMP's: asleep between calls
 // (OMP_WAIT_POLICY=PASSIVE, _library.py says why), waking them cost each call about 0.08 ms on a 2-core
 // VM (a Xeon with AMX: the PaddleOCR recognizer's 1×1 convolutions of one position took 0.086 ms on the
 // u8s8 route, 0.002 ms on lpt's s16), while lpt's workers spin through a program's run. Its plan took
-// 15.1 → 10.0 ms so, the detector's 71 → 60 ms; a layer below PARALLEL_WORK products is one band, as
-// lpt's own loops. More bands than threads where a band's accumulators would pass BAND_ACCUMULATOR_BYTES.
+// 15.1 → 10.0 ms so, the detector's 71 → 60 ms; a layer below BAND_WORK products is one band. More bands
+// than threads where a band's accumulators would pass BAND_ACCUMULATOR_BYTES.
 int band_count(const Operation &op, const memory::dims &src_dims) {
     const memory::dims out = primitive_output_dims(op, src_dims);
     double products = (double)op.weights.size(), accumulators = 1;
     for (auto d : out) accumulators *= (double)d;
     if (op.kind == Kind::matmul) products *= (double)out[0];
     else for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i] * (double)out[0];
-    if (products < PARALLEL_WORK) return 1;
+    if (products < BAND_WORK) return 1;
     const double bytes = accumulators * sizeof(int32_t) * (op.route == Route::split ? 2 : 1);
     const int64_t cached = (int64_t)std::ceil(bytes / BAND_ACCUMULATOR_BYTES);
     return (int)std::min<int64_t>(std::max<int64_t>(op.threads, cached), band_rows(op, out));

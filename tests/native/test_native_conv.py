@@ -268,7 +268,7 @@ def test_layers_oneDNNs_amx_kernels_get_wrong(route, layer):
 
 @st.composite
 def banded_cases(draw):
-    """A layer large enough (over a million products) that each of two threads runs a band of it: one image split
+    """A layer mostly large enough (over 2^20 products) that each of two threads runs a band of it: one image split
     along its first output axis, where a band may start or end in the padding, or a band of the images."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     rank = draw(st.sampled_from([1, 2]))
