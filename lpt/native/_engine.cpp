@@ -417,8 +417,8 @@ int band_count(const Operation &op, const memory::dims &src_dims) {
     const memory::dims out = primitive_output_dims(op, src_dims);
     double products = (double)op.weights.size(), accumulators = 1;
     for (auto d : out) accumulators *= (double)d;
-    if (op.kind == Kind::matmul) products *= (double)out[0];
-    else for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i] * (double)out[0];
+    products *= (double)out[0];  // a matmul's rows, a convolution's images
+    if (op.kind == Kind::conv) for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i];
     if (products < BAND_WORK) return 1;
     const double bytes = accumulators * sizeof(int32_t) * (op.route == Route::split ? 2 : 1);
     const int64_t cached = (int64_t)std::ceil(bytes / BAND_ACCUMULATOR_BYTES);

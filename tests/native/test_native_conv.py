@@ -268,7 +268,7 @@ def test_layers_oneDNNs_amx_kernels_get_wrong(route, layer):
 
 @st.composite
 def banded_cases(draw):
-    """A layer mostly large enough (over 2^20 products) that each of two threads runs a band of it: one image split
+    """A layer mostly large enough (2^20 products or more) that each of two threads runs a band of it: one image split
     along its first output axis, where a band may start or end in the padding, or a band of the images."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     rank = draw(st.sampled_from([1, 2]))
@@ -278,7 +278,7 @@ def banded_cases(draw):
     pads = tuple(draw(st.integers(0, 2)) for _ in range(2 * rank))
     extents = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     spatial = tuple(max(draw(st.integers(1, 9)), e - pads[i] - pads[rank + i]) for i, e in enumerate(extents))
-    channels = 384 if rank == 1 else 128
+    channels = 768 if rank == 1 else 256
     src = rng.integers(0, 256, (draw(st.integers(1, 3)), channels) + spatial).astype(np.uint8)
     weights = rng.integers(-128, 128, (channels, channels) + kernel).astype(np.int8)
     return src, weights, {"strides": strides, "dilations": dilations, "pads": pads}
