@@ -449,10 +449,10 @@ int channel_band_count(const Operation &op, const memory::dims &src_dims, bool c
 // dilated 1-D and 2-D ones its AMX kernels crashed creating the primitive now and then (a window wholly in
 // the padding, or a source zero point with padding after); with a source zero point and padding its
 // jit:avx512_core_amx (which oneDNN picks over brgconv there) summed 34 of 5700 layers wrong, by up to 1.5
-// million, and corrupted the heap: each had an axis not padded before, or padded by more than half the
-// window, and none of 6000 layers padded within half the window before and after on every axis (a "same"
-// convolution, the common kind) was wrong; on all other 1-D and 2-D layers they were right. The VNNI
-// kernels next in oneDNN's list, and its AVX2 ones, were right on every one of them.
+// million, and corrupted the heap: each was padded by more than half the window on a side, or padded on
+// its first axis and not on its last. On all other 1-D and 2-D layers (a band of rows of a "same"
+// convolution, padded on its last axis only, among them) they were right. The VNNI kernels next in
+// oneDNN's list, and its AVX2 ones, were right on every one of them.
 convolution_forward::primitive_desc convolution_descriptor(
         const memory::desc &src, const memory::desc &weights, const memory::desc &dst, const memory::dims &strides,
         const memory::dims &dilations, const memory::dims &pads_begin, const memory::dims &pads_end,
@@ -460,14 +460,15 @@ convolution_forward::primitive_desc convolution_descriptor(
     auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference, algorithm::convolution_direct,
                                                   src, weights, dst, strides, dilations, pads_begin, pads_end, attr);
     const auto positive = [](memory::dim d) { return d > 0; };
-    bool same_padding = true, padded = false;  // on each axis: padded before, and by at most half the window each side
+    bool padded = false, beyond_half = false;  // padded by more than half the window on a side
     for (size_t a = 0; a < pads_begin.size(); ++a) {
         const memory::dim half = (weights.get_dims()[weights.get_ndims() - pads_begin.size() + a] - 1) / 2;
-        same_padding = same_padding && pads_begin[a] >= 1 && pads_begin[a] <= half && pads_end[a] <= half;
         padded = padded || pads_begin[a] > 0 || pads_end[a] > 0;
+        beyond_half = beyond_half || pads_begin[a] > half || pads_end[a] > half;
     }
+    const bool last_axis_unpadded = pads_begin.back() == 0 && pads_end.back() == 0;
     const bool amx_wrong = src.get_ndims() == 5 || std::any_of(dilations.begin(), dilations.end(), positive) ||
-                           (zero_point && padded && !same_padding);
+                           (zero_point && padded && (beyond_half || last_axis_unpadded));
     while (amx_wrong && std::string(pd.impl_info_str()).find("amx") != std::string::npos)
         if (!pd.next_impl()) throw std::runtime_error("oneDNN has no convolution but its AMX one for this layer");
     return pd;
