@@ -248,7 +248,7 @@ AMX_WRONG_LAYERS = {
     "3-D, a crash": ((1, 3, 3), (3, 1, 2), (1, 1, 1), (0, 0, 1, 0, 1, 0), (1, 9, 2), 16, 3),
     "dilated, rows of padding only": ((2, 1), (3, 1), (2, 2), (1, 1, 2, 0), (1, 6), 128, 0),
     "dilated, a zero point": ((2, 2), (1, 1), (2, 2), (1, 0, 2, 0), (12, 3), 16, 3),
-    "a zero point, rows of padding only": ((5, 3), (1, 1), (1, 1), (1, 0, 1, 0), (35, 37), 96, 3),
+    "a zero point, the first axis padded, not the last": ((5, 3), (1, 1), (1, 1), (1, 0, 1, 0), (35, 37), 96, 3),
     "a zero point, more padding than half the window": ((7, 7), (1, 2), (1, 1), (6, 5, 6, 5), (21, 17), 64, 3),
 }
 
