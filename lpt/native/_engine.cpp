@@ -4,10 +4,11 @@
 // route, threads) and then run many times. For each source shape it meets, it creates the oneDNN
 // primitive and reorders the weights into the layout the primitive chose, once (`Prepared`).
 //
-// oneDNN computes only the int32 accumulators acc = Σ (q_src − zp_src)·q_wei (source channels-last,
+// oneDNN computes the int32 accumulators acc = Σ (q_src − zp_src)·q_wei (source channels-last,
 // accumulators channels-last). The output stage runs here, on those accumulators, with the float32
 // operations of lpt/kernels/_elementwise.c in the same order: built with -ffp-contract=off and
-// without -ffast-math, it is bit-identical to lpt's NumPy output stage.
+// without -ffast-math, it is bit-identical to lpt's NumPy output stage. On route u8s8 oneDNN's
+// primitive applies the common stages itself, with the same operations (stages_in_onednn).
 //
 // Routes (lpt/native/__init__.py chooses one after probing both):
 // - "u8s8": the plain primitive. Exact with VNNI/AMX; on AVX2 oneDNN adds pairs of u8·s8 products
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -251,6 +253,20 @@ constexpr size_t MAX_PREPARED_SHAPES = 4;  // per operation; more are prepared a
 constexpr size_t KEEP_SCRATCH_BYTES = 128u << 20;  // per calling thread; larger scratch is freed after the run
 constexpr size_t KEEP_WIDENED_BYTES = 64u << 20;  // s16's widened source, one per calling thread
 
+// Arrays on 64-byte boundaries, as oneDNN's own memory: malloc's 16-byte alignment put a layer's source
+// and accumulators off the cache lines its AMX kernel reads and writes whole, and ResNet-18's 3×3 64 → 64
+// convolution over 56×56 took 1.2× the time so (0.100 against 0.084 ms, one thread, a Xeon with AMX).
+template <typename T>
+struct CacheLineDelete {
+    void operator()(T *p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+template <typename T>
+using CacheLineArray = std::unique_ptr<T[], CacheLineDelete<T>>;
+template <typename T>
+CacheLineArray<T> cache_line_array(size_t count) {
+    return CacheLineArray<T>(new (std::align_val_t(64)) T[count]);
+}
+
 // Memory a kernel writes whole before it reads it: grown as needed and never value-initialised.
 // std::vector's resize zero-fills each growth, a pass over megabytes whenever a layer's source is
 // larger than the layer's before it.
@@ -259,7 +275,7 @@ class Scratch {
   public:
     T *get(size_t count) {
         if (count > capacity_) {
-            data_.reset(new T[count]);
+            data_ = cache_line_array<T>(count);
             capacity_ = count;
         }
         return data_.get();
@@ -271,7 +287,7 @@ class Scratch {
     }
 
   private:
-    std::unique_ptr<T[]> data_;
+    CacheLineArray<T> data_;
     size_t capacity_ = 0;
 };
 
@@ -283,6 +299,7 @@ class Scratch {
 struct Band {
     primitive prim;
     memory src, dst_hi, dst_lo, scratchpad, weights;
+    memory multiplier, bias;  // where oneDNN stages (Prepared::staged): its channels' output stage
     size_t src_offset = 0, dst_offset = 0;
     int64_t first_row = 0, end_row = 0, first_channel = 0, channels = 0;
 };
@@ -294,6 +311,9 @@ struct Prepared {  // one source shape
     size_t src_bytes = 0, accumulators = 0;  // the whole source's, the whole output's
     bool has_zero_point = false;
     bool channel_bands = false;  // the bands split output channels, not rows
+    bool staged = false;  // the primitives write the 8-bit output themselves (stages_in_onednn)
+    memory divisor;  // staged: the destination scale, which the output stage divides by (as f32 [1, …])
+    int divisor_index = 0;  // staged: the division's place in the post-ops
     std::string impl;
 };
 
@@ -364,6 +384,7 @@ std::vector<int64_t> layer_output_dims(const Operation &op, const std::vector<in
 }
 
 tag channels_last_tag(int rank) { return rank == 3 ? tag::acb : rank == 4 ? tag::acdb : tag::acdeb; }
+tag plain_tag(int rank) { return rank == 2 ? tag::ab : rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde; }
 
 memory reordered(const int8_t *w, const memory::desc &user, const memory::desc &chosen) {
     memory from(user, cpu(), const_cast<int8_t *>(w));
@@ -443,6 +464,69 @@ int channel_band_count(const Operation &op, const memory::dims &src_dims, bool c
     return (int)std::min<int64_t>(op.threads, op.out_channels / 16);
 }
 
+bool tiny_values_quantize_as_zero(const OutputStage &s);
+
+// Whether a run's output stage goes into oneDNN's primitive, which then writes the 8-bit output itself,
+// instead of int32 accumulators that lpt stages (finish_rows). On route u8s8, for an 8-bit destination
+// and a Relu, Clip or LeakyRelu or no post-op, the primitive computes the stage's float32 operations in
+// its order, bit for bit: x = f32(acc)·m[c] (the weights' scales), + bias[c] (not fused into one
+// rounding: oneDNN's f32 output equals it on every kernel tried), the post-op, then y = x / s_dst by a
+// binary division post-op (vdivps: its destination scale would multiply by 1/s, and add the zero point
+// before rounding, so ties and the values next to them would move by 1 LSB), rounded half to even,
+// + zp, saturated. A Xeon with AMX, one thread, a 3×3 64 → 64 convolution over 56×56 with a Relu:
+// 0.19 ms with lpt's stage after the primitive, 0.12 so (its int32 accumulators alone took 0.078).
+// x is finite (the bounds below) and subnormal values cannot move a level where
+// tiny_values_quantize_as_zero holds, so oneDNN's treatment of them does not matter.
+// LPT_ONEDNN_STAGE=off keeps lpt's stage (a comparison).
+bool stages_in_onednn(const Operation &op, Dst dst, bool channels_last_out) {
+    static const bool off = [] {
+        const char *v = std::getenv("LPT_ONEDNN_STAGE");
+        return v && std::strcmp(v, "off") == 0;
+    }();
+    const OutputStage &s = op.stage;
+    if (off || op.route != Route::u8s8 || dst != s.dst || (dst != Dst::u8 && dst != Dst::s8) ||
+        (op.kind == Kind::conv && !channels_last_out) || !tiny_values_quantize_as_zero(s))
+        return false;
+    if (!s.post_ops.empty()) {
+        if (s.post_ops.size() != lpt_s16::POST_OP_FIELDS || s.post_ops[0] != lpt_s16::SLOPE_CLIP) return false;
+        const float slope = s.post_ops[1], low = s.post_ops[2], high = s.post_ops[3];
+        if (!(std::isfinite(slope) && low <= high && !std::isnan(low) && !std::isnan(high))) return false;
+    }
+    // |acc| < 2^31: x and x / s stay far from float32's overflow
+    double largest = 0;
+    for (float m : s.multiplier) largest = std::max(largest, (double)std::fabs(m) * 0x1p31);
+    for (float b : s.bias) largest = std::max(largest, 2 * (double)std::fabs(b));
+    if (op.stage.post_ops.size()) largest *= std::max(1.0, (double)std::fabs(s.post_ops[1]));
+    return largest < 0x1p100 && largest / s.scale < 0x1p100;
+}
+
+// The attributes that make a primitive apply the output stage (stages_in_onednn); `rank` is its
+// destination's. The binary division is post-op `divisor_index`, its operand set at each run.
+void stage_attributes(primitive_attr &attr, const Operation &op, int rank, int &divisor_index) {
+    const OutputStage &s = op.stage;
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, op.kind == Kind::matmul ? 1 << 1 : op.groups > 1 ? 3 : 1);
+    post_ops chain;
+    if (!s.post_ops.empty()) {
+        const float slope = s.post_ops[1], low = s.post_ops[2], high = s.post_ops[3];
+        // x > 0 ? x : slope·x, which differs from lpt's x < 0 ? x·slope : x only in a zero's sign
+        if (slope != 1.0f) chain.append_eltwise(algorithm::eltwise_relu, slope, 0.0f);
+        if (slope == 1.0f && low == 0.0f && high == INFINITY)
+            chain.append_eltwise(algorithm::eltwise_relu, 0.0f, 0.0f);
+        else if (low != -INFINITY || high != INFINITY)  // x is finite: ±FLT_MAX bound nothing
+            chain.append_eltwise(algorithm::eltwise_clip, std::max(low, -FLT_MAX), std::min(high, FLT_MAX));
+    }
+    divisor_index = chain.len();
+    chain.append_binary(algorithm::binary_div, memory::desc(memory::dims(rank, 1), dt::f32, plain_tag(rank)));
+    if (s.zero_point != 0) {  // rint(y) + zp: the conversion to 8 bits would round y + zp
+        chain.append_eltwise(algorithm::eltwise_round, 0.0f, 0.0f);
+        chain.append_eltwise(algorithm::eltwise_linear, 1.0f, (float)s.zero_point);
+    }
+    // the conversion saturates to the type's range; a narrower [qmin, qmax] clips first
+    if (s.qmin > (s.dst == Dst::u8 ? 0 : -128) || s.qmax < (s.dst == Dst::u8 ? 255 : 127))
+        chain.append_eltwise(algorithm::eltwise_clip, (float)s.qmin, (float)s.qmax);
+    attr.set_post_ops(chain);
+}
+
 // A convolution's descriptor, past oneDNN 3.2's AMX kernels on the layers where they are wrong. Fuzzers of
 // thousands of layers each against lpt's NumPy reference, on a Xeon with AMX: on 3-D convolutions its
 // brgconv:avx512_core_amx gave wrong sums (differing from run to run), crashed or corrupted the heap; on
@@ -454,11 +538,12 @@ int channel_band_count(const Operation &op, const memory::dims &src_dims, bool c
 // convolution, padded on its last axis only, among them) they were right. The VNNI kernels next in
 // oneDNN's list, and its AVX2 ones, were right on every one of them.
 convolution_forward::primitive_desc convolution_descriptor(
-        const memory::desc &src, const memory::desc &weights, const memory::desc &dst, const memory::dims &strides,
-        const memory::dims &dilations, const memory::dims &pads_begin, const memory::dims &pads_end,
-        const primitive_attr &attr, bool zero_point) {
+        const memory::desc &src, const memory::desc &weights, const memory::desc &bias, const memory::desc &dst,
+        const memory::dims &strides, const memory::dims &dilations, const memory::dims &pads_begin,
+        const memory::dims &pads_end, const primitive_attr &attr, bool zero_point) {
     auto pd = convolution_forward::primitive_desc(cpu(), prop_kind::forward_inference, algorithm::convolution_direct,
-                                                  src, weights, dst, strides, dilations, pads_begin, pads_end, attr);
+                                                  src, weights, bias, dst, strides, dilations, pads_begin, pads_end,
+                                                  attr);
     const auto positive = [](memory::dim d) { return d > 0; };
     bool padded = false, beyond_half = false;  // padded by more than half the window on a side
     for (size_t a = 0; a < pads_begin.size(); ++a) {
@@ -489,18 +574,10 @@ memory::desc adopt(Band &band, const Descriptor &pd, std::string &impl) {
 
 // src dims: conv [N, C, *spatial], matmul [M, K]; zero_point: the u8 source's, as the primitive reads it
 // (an s8 source is read as q + 128). Whether there is one is part of the primitive; its value is set
-// at each run (execute), as a dynamic quantization gives a new one each run.
-Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, int zero_point, bool channels_last_out) {
-    std::vector<int64_t> key(src_dims.begin(), src_dims.end());
-    key.push_back(signed_src);
-    key.push_back(zero_point != 0);
-    key.push_back(channels_last_out);
-    auto found = op.prepared.find(key);
-    if (found != op.prepared.end()) return *found->second;
-    // Each shape holds its primitives and their reordered weights: calibration meets many batch
-    // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
-    if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
-
+// at each run (execute), as a dynamic quantization gives a new one each run. `staged`: the primitives
+// write the output stage's 8-bit values (stages_in_onednn), not int32 accumulators.
+std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_dims, int zero_point,
+                                        bool channels_last_out, bool staged) {
     // A primitive keeps the thread count it was made under (oneDNN reads OpenMP's) and opens an OpenMP team
     // of that many at each run. Each band runs on one thread (execute), so each is made for one. Made under
     // the default of one per core, a process's first layer woke a team at every run: silero_vad's 129 → 128
@@ -513,6 +590,23 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
         attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
         p->has_zero_point = true;
     }
+    const int dst_rank = op.kind == Kind::conv ? (int)src_dims.size() : 2;
+    p->staged = staged;
+    if (staged) stage_attributes(attr, op, dst_rank, p->divisor_index);
+    const dt dst_type = !staged ? dt::s32 : op.stage.dst == Dst::u8 ? dt::u8 : dt::s8;
+    const bool biased = staged && !op.stage.bias.empty();
+    // The bias and the weights' scales of channels [first, first + count), for a staged band.
+    const auto stage_memory = [&](Band &band, int64_t first, int64_t count) {
+        if (!staged) return;
+        float *m = const_cast<float *>(op.stage.multiplier.data()) + first;
+        band.multiplier = memory(memory::desc({count}, dt::f32, tag::x), cpu(), m);
+        if (biased)
+            band.bias = memory(memory::desc({count}, dt::f32, tag::x), cpu(), const_cast<float *>(op.stage.bias.data()) + first);
+    };
+    const auto bias_desc = [&](int64_t count) {
+        if (!biased) return memory::desc();
+        return op.kind == Kind::conv ? memory::desc({count}, dt::f32, tag::x) : memory::desc({1, count}, dt::f32, tag::ab);
+    };
     const memory::desc weights_any(op.weight_dims, dt::s8, tag::any);
     const memory::dims dst_dims = primitive_output_dims(op, src_dims);
     int64_t image_bytes = 1, image_items = 1;  // a convolution's, channels-last
@@ -537,8 +631,9 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
                 const memory::dims ones(rank - 2, 1), none(rank - 2, 0);
                 auto pd = convolution_descriptor(
                         memory::desc(src_dims, dt::u8, channels_last_tag(rank)), memory::desc(weight_dims, dt::s8, tag::any),
-                        memory::desc(band_dst, dt::s32, channels_last_tag(rank)), sub ? ones : op.strides, op.dilations,
-                        sub ? none : op.pads_begin, sub ? none : op.pads_end, attr, p->has_zero_point);
+                        bias_desc(end - first), memory::desc(band_dst, dst_type, channels_last_tag(rank)),
+                        sub ? ones : op.strides, op.dilations, sub ? none : op.pads_begin, sub ? none : op.pads_end,
+                        attr, p->has_zero_point);
                 const memory::desc chosen = adopt<convolution_forward>(band, pd, p->impl);
                 const tag plain = rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde;  // [OC, IC, *kernel]
                 band.weights = reordered(op.weights.data() + first * per_channel,
@@ -550,14 +645,15 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
                     std::memcpy(columns.data() + i * width, op.weights.data() + i * op.out_channels + first, width);
                 const memory::dims weight_dims = {k, width};
                 auto pd = matmul::primitive_desc(cpu(), memory::desc(src_dims, dt::u8, tag::ab),
-                                                 memory::desc(weight_dims, dt::s8, tag::any),
-                                                 memory::desc({positions, width}, dt::s32, tag::ab), attr);
+                                                 memory::desc(weight_dims, dt::s8, tag::any), bias_desc(width),
+                                                 memory::desc({positions, width}, dst_type, tag::ab), attr);
                 const memory::desc chosen = adopt<matmul>(band, pd, p->impl);
                 band.weights = reordered(columns.data(), memory::desc(weight_dims, dt::s8, tag::ab), chosen);
             }
             band.dst_offset = (size_t)(positions * first);
             band.first_row = 0, band.end_row = positions;
             band.first_channel = first, band.channels = end - first;
+            stage_memory(band, first, end - first);
             p->bands.push_back(std::move(band));
         }
     }
@@ -595,10 +691,11 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
                 band.dst_offset = (size_t)(begin * image_items / dst_dims[2]);
             }
             const memory::desc src_md(band_src, dt::u8, channels_last_tag(rank));
-            const memory::desc dst_md(band_dst, dt::s32, channels_last_tag(rank));
+            const memory::desc dst_md(band_dst, dst_type, channels_last_tag(rank));
             const memory::dims ones(rank - 2, 1);
-            auto pd = convolution_descriptor(src_md, weights_any, dst_md, sub ? ones : op.strides, op.dilations,
-                                             pads_begin, pads_end, attr, p->has_zero_point);
+            auto pd = convolution_descriptor(src_md, weights_any, bias_desc(op.out_channels), dst_md,
+                                             sub ? ones : op.strides, op.dilations, pads_begin, pads_end, attr,
+                                             p->has_zero_point);
             chosen = adopt<convolution_forward>(band, pd, p->impl);
             int64_t items = 1;
             for (auto d : band_dst) items *= d;
@@ -606,13 +703,14 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
             band.end_row = band.first_row + items / op.out_channels;
         } else {
             const memory::desc src_md({end - begin, src_dims[1]}, dt::u8, tag::ab);
-            const memory::desc dst_md({end - begin, op.out_channels}, dt::s32, tag::ab);
-            auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, dst_md, attr);
+            const memory::desc dst_md({end - begin, op.out_channels}, dst_type, tag::ab);
+            auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, bias_desc(op.out_channels), dst_md, attr);
             chosen = adopt<matmul>(band, pd, p->impl);
             band.src_offset = (size_t)(begin * src_dims[1]);
             band.dst_offset = (size_t)(begin * op.out_channels);
             band.first_row = begin, band.end_row = end;
         }
+        stage_memory(band, 0, op.out_channels);
         if (b == 0) {
             weights_desc = chosen;
         } else if (chosen != weights_desc) {  // the bands share one reordered copy of the weights: one band
@@ -634,6 +732,26 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     p->accumulators = (size_t)items;
     p->src_bytes = (size_t)bytes;
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
+    if (staged)
+        p->divisor = memory(memory::desc(memory::dims(dst_rank, 1), dt::f32, plain_tag(dst_rank)), cpu(), &op.stage.scale);
+    return p;
+}
+
+Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, int zero_point, bool channels_last_out,
+                  bool staged) {
+    std::vector<int64_t> key(src_dims.begin(), src_dims.end());
+    key.push_back(signed_src);
+    key.push_back(zero_point != 0);
+    key.push_back(channels_last_out);
+    key.push_back(staged);
+    auto found = op.prepared.find(key);
+    if (found != op.prepared.end()) return *found->second;
+    // Each shape holds its primitives and their reordered weights: calibration meets many batch
+    // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
+    if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
+    auto p = make_prepared(op, src_dims, zero_point, channels_last_out, staged);
+    // oneDNN's reference kernels take the post-ops where its fast ones do not: lpt's stage is faster then
+    if (staged && p->impl.find("ref") != std::string::npos) p = make_prepared(op, src_dims, zero_point, channels_last_out, false);
     op.last_impl = p->impl;
     return *op.prepared.emplace(key, std::move(p)).first->second;
 }
@@ -1139,7 +1257,8 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         read_dims = layer_output_dims(op, dims);
         read_dims[1] = dims[1];
     }
-    Prepared &p = prepare(op, read_dims, signed_src, zero_point, channels_last_out);
+    Prepared &p = prepare(op, read_dims, signed_src, zero_point, channels_last_out,
+                          stages_in_onednn(op, dst, channels_last_out));
     *static_cast<int32_t *>(p.zero_point.get_data_handle()) = zero_point;
     const int64_t images = dims[0];
     int64_t positions = 1;
@@ -1187,11 +1306,19 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         for (int64_t b; chunks.next(b);) {
             Band &band = p.bands[b];
             band.src.set_data_handle(const_cast<uint8_t *>(data) + band.src_offset);
-            band.dst_hi.set_data_handle(acc_hi + band.dst_offset);
+            // staged: 8-bit values into out (a channel band's into the scratch, whose columns are then copied)
+            uint8_t *staged_to = p.channel_bands ? reinterpret_cast<uint8_t *>(acc_hi) : static_cast<uint8_t *>(out);
+            band.dst_hi.set_data_handle(p.staged ? static_cast<void *>(staged_to + band.dst_offset)
+                                                 : static_cast<void *>(acc_hi + band.dst_offset));
             std::unordered_map<int, memory> arguments{
                 {DNNL_ARG_SRC, band.src}, {DNNL_ARG_WEIGHTS, p.channel_bands ? band.weights : p.weights_hi},
                 {DNNL_ARG_DST, band.dst_hi}, {DNNL_ARG_SCRATCHPAD, band.scratchpad}};
             if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
+            if (p.staged) {
+                arguments[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = band.multiplier;
+                if (band.bias) arguments[DNNL_ARG_BIAS] = band.bias;
+                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.divisor_index) | DNNL_ARG_SRC_1] = p.divisor;
+            }
             band.prim.execute(thread_stream(), arguments);
             if (op.route == Route::split) {
                 band.dst_lo.set_data_handle(acc_lo + band.dst_offset);
@@ -1200,7 +1327,16 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                 band.prim.execute(thread_stream(), arguments);
             }
             thread_stream().wait();
-            if (p.channel_bands) {  // acc [positions][band.channels] into those columns of out [positions][OC]
+            if (p.staged) {
+                if (p.channel_bands) {  // [positions][band.channels] into those columns of out [positions][OC]
+                    const uint8_t *from = staged_to + band.dst_offset;
+                    for (int64_t r = 0; r < band.end_row; ++r)
+                        std::memcpy(static_cast<uint8_t *>(out) + r * channels + band.first_channel,
+                                    from + r * band.channels, band.channels);
+                } else if (bands > 1 && rows_done) {
+                    (*rows_done)(band.first_row, band.end_row, 1);
+                }
+            } else if (p.channel_bands) {  // acc [positions][band.channels] into those columns of out [positions][OC]
                 const int32_t *acc = acc_hi + band.dst_offset;
                 if (dst == Dst::s32) {
                     for (int64_t r = 0; r < band.end_row; ++r)
@@ -1217,7 +1353,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             }
         }
     });
-    if (bands == 1)  // one band (a small layer, or one that does not split): its stage may still take every thread
+    if (bands == 1 && !p.staged)  // one band (a small layer, or one that does not split): its stage may still take every thread
         finish_as(dst, op.stage, acc_hi, acc_lo, out_images, out_positions, channels, channels_first, out,
                   op.threads, fast);
     if (rows_done && (bands == 1 || p.channel_bands)) (*rows_done)(0, out_images * out_positions, op.threads);
@@ -1518,7 +1654,7 @@ struct Instruction {
 // Memory a slot holds for its values: allocated without being cleared (every instruction writes its
 // whole output), and passed between slots through the program's pool.
 struct Memory {
-    std::unique_ptr<unsigned char[]> bytes;
+    CacheLineArray<unsigned char> bytes;
     size_t capacity = 0;
 };
 
@@ -1569,7 +1705,7 @@ struct Slot {  // a tensor during a run: its shape, type ('f', 'B', 'b'; 'q', 'i
                 (*pool)[best] = std::move(pool->back());
                 pool->pop_back();
             } else {
-                memory.bytes.reset(new unsigned char[need]);
+                memory.bytes = cache_line_array<unsigned char>(need);
                 memory.capacity = need;
             }
         }
