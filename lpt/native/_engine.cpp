@@ -300,8 +300,20 @@ struct Band {
     primitive prim;
     memory src, dst_hi, dst_lo, scratchpad, weights;
     memory multiplier, bias;  // where oneDNN stages (Prepared::staged): its channels' output stage
+    memory other;             // with a join: the other operand's values for its rows, as float32
     size_t src_offset = 0, dst_offset = 0;
     int64_t first_row = 0, end_row = 0, first_channel = 0, channels = 0;
+};
+
+// A residual join that a staged convolution's primitive applies after its own stage (join_in_bands): the
+// layer's 8-bit levels q are never written; out = to(relu((q − shift)·scale ⊕ (q_other − other_shift)·other_scale)),
+// ⊕ an addition or a product, lpt_ops::join's operations in its order, into an 8-bit `to`. `other` is the
+// other operand's levels, in the layer's output layout.
+struct Join {
+    const uint8_t *other = nullptr;
+    bool other_signed = false, multiply = false, relu = false;
+    float scale = 1, other_shift = 0, other_scale = 1;  // the layer's side: q − its own zero point
+    lpt_ops::Destination to;
 };
 
 struct Prepared {  // one source shape
@@ -314,6 +326,10 @@ struct Prepared {  // one source shape
     bool staged = false;  // the primitives write the 8-bit output themselves (stages_in_onednn)
     memory divisor;  // staged: the destination scale, which the output stage divides by (as f32 [1, …])
     int divisor_index = 0;  // staged: the division's place in the post-ops
+    bool joined = false;    // the primitives apply a join after the stage (Join)
+    int other_index = 0, join_divisor_index = 0;  // joined: the join's binary post-ops
+    float join_scale = 1;  // joined: the join's destination scale, which join_divisor holds
+    memory join_divisor;
     std::string impl;
 };
 
@@ -350,6 +366,7 @@ struct Operation {
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
     lpt_s16::Epilogue epilogue;
     std::vector<float> padded_multiplier, padded_bias;
+    bool onednn_stage = false;  // onednn_can_stage
     std::mutex lock;  // one run at a time: the prepared primitives' memory objects take its pointers
 };
 
@@ -477,15 +494,14 @@ bool tiny_values_quantize_as_zero(const OutputStage &s);
 // 0.19 ms with lpt's stage after the primitive, 0.12 so (its int32 accumulators alone took 0.078).
 // x is finite (the bounds below) and subnormal values cannot move a level where
 // tiny_values_quantize_as_zero holds, so oneDNN's treatment of them does not matter.
-// LPT_ONEDNN_STAGE=off keeps lpt's stage (a comparison).
-bool stages_in_onednn(const Operation &op, Dst dst, bool channels_last_out) {
+// LPT_ONEDNN_STAGE=off keeps lpt's stage (a comparison). What the operation alone decides, once (prepare_epilogue):
+bool onednn_can_stage(const Operation &op) {
     static const bool off = [] {
         const char *v = std::getenv("LPT_ONEDNN_STAGE");
         return v && std::strcmp(v, "off") == 0;
     }();
     const OutputStage &s = op.stage;
-    if (off || op.route != Route::u8s8 || dst != s.dst || (dst != Dst::u8 && dst != Dst::s8) ||
-        (op.kind == Kind::conv && !channels_last_out) || !tiny_values_quantize_as_zero(s))
+    if (off || op.route != Route::u8s8 || (s.dst != Dst::u8 && s.dst != Dst::s8) || !tiny_values_quantize_as_zero(s))
         return false;
     if (!s.post_ops.empty()) {
         if (s.post_ops.size() != lpt_s16::POST_OP_FIELDS || s.post_ops[0] != lpt_s16::SLOPE_CLIP) return false;
@@ -500,9 +516,26 @@ bool stages_in_onednn(const Operation &op, Dst dst, bool channels_last_out) {
     return largest < 0x1p100 && largest / s.scale < 0x1p100;
 }
 
-// The attributes that make a primitive apply the output stage (stages_in_onednn); `rank` is its
-// destination's. The binary division is post-op `divisor_index`, its operand set at each run.
-void stage_attributes(primitive_attr &attr, const Operation &op, int rank, int &divisor_index) {
+// ... and a run: the operation's own destination, channels-last for a convolution.
+bool stages_in_onednn(const Operation &op, Dst dst, bool channels_last_out) {
+    return op.onednn_stage && dst == op.stage.dst && (op.kind == Kind::matmul || channels_last_out);
+}
+
+// The quantization that ends a staged chain: y (already divided by the scale) rounded half to even, + zp,
+// clipped to [qmin, qmax] where that is narrower than the 8-bit type's range, which the conversion saturates to.
+void append_levels(post_ops &chain, bool is_unsigned, int zero_point, int qmin, int qmax) {
+    if (zero_point != 0) {  // rint(y) + zp: the conversion to 8 bits would round y + zp
+        chain.append_eltwise(algorithm::eltwise_round, 0.0f, 0.0f);
+        chain.append_eltwise(algorithm::eltwise_linear, 1.0f, (float)zero_point);
+    }
+    if (qmin > (is_unsigned ? 0 : -128) || qmax < (is_unsigned ? 255 : 127))
+        chain.append_eltwise(algorithm::eltwise_clip, (float)qmin, (float)qmax);
+}
+
+// The attributes that make a primitive apply the output stage (stages_in_onednn), and a join after it where
+// given; `rank` is its destination's. The binary post-ops' places are set in p, their operands at each run.
+void stage_attributes(primitive_attr &attr, const Operation &op, const memory::dims &dst, const Join *join, Prepared &p) {
+    const int rank = (int)dst.size();
     const OutputStage &s = op.stage;
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, op.kind == Kind::matmul ? 1 << 1 : op.groups > 1 ? 3 : 1);
     post_ops chain;
@@ -515,15 +548,25 @@ void stage_attributes(primitive_attr &attr, const Operation &op, int rank, int &
         else if (low != -INFINITY || high != INFINITY)  // x is finite: ±FLT_MAX bound nothing
             chain.append_eltwise(algorithm::eltwise_clip, std::max(low, -FLT_MAX), std::min(high, FLT_MAX));
     }
-    divisor_index = chain.len();
-    chain.append_binary(algorithm::binary_div, memory::desc(memory::dims(rank, 1), dt::f32, plain_tag(rank)));
-    if (s.zero_point != 0) {  // rint(y) + zp: the conversion to 8 bits would round y + zp
-        chain.append_eltwise(algorithm::eltwise_round, 0.0f, 0.0f);
-        chain.append_eltwise(algorithm::eltwise_linear, 1.0f, (float)s.zero_point);
+    const memory::desc one(memory::dims(rank, 1), dt::f32, plain_tag(rank));
+    p.divisor_index = chain.len();
+    chain.append_binary(algorithm::binary_div, one);
+    if (!join) {
+        append_levels(chain, s.dst == Dst::u8, s.zero_point, s.qmin, s.qmax);
+        attr.set_post_ops(chain);
+        return;
     }
-    // the conversion saturates to the type's range; a narrower [qmin, qmax] clips first
-    if (s.qmin > (s.dst == Dst::u8 ? 0 : -128) || s.qmax < (s.dst == Dst::u8 ? 255 : 127))
-        chain.append_eltwise(algorithm::eltwise_clip, (float)s.qmin, (float)s.qmax);
+    // q − zp = clip(rint(y), qmin − zp, qmax − zp), then lpt_ops::join's operations
+    chain.append_eltwise(algorithm::eltwise_round, 0.0f, 0.0f);
+    chain.append_eltwise(algorithm::eltwise_clip, (float)(s.qmin - s.zero_point), (float)(s.qmax - s.zero_point));
+    chain.append_eltwise(algorithm::eltwise_linear, join->scale, 0.0f);  // RN(d·scale), + 0 exact
+    p.other_index = chain.len();
+    chain.append_binary(join->multiply ? algorithm::binary_mul : algorithm::binary_add,
+                        memory::desc(dst, dt::f32, channels_last_tag(rank)));
+    if (join->relu) chain.append_eltwise(algorithm::eltwise_relu, 0.0f, 0.0f);  // −0 for +0: the same level
+    p.join_divisor_index = chain.len();
+    chain.append_binary(algorithm::binary_div, one);
+    append_levels(chain, join->to.type == 'B', join->to.zero_point, join->to.qmin, join->to.qmax);
     attr.set_post_ops(chain);
 }
 
@@ -577,23 +620,31 @@ memory::desc adopt(Band &band, const Descriptor &pd, std::string &impl) {
 // at each run (execute), as a dynamic quantization gives a new one each run. `staged`: the primitives
 // write the output stage's 8-bit values (stages_in_onednn), not int32 accumulators.
 std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_dims, int zero_point,
-                                        bool channels_last_out, bool staged) {
+                                        bool channels_last_out, bool staged, const Join *join) {
     // A primitive keeps the thread count it was made under (oneDNN reads OpenMP's) and opens an OpenMP team
     // of that many at each run. Each band runs on one thread (execute), so each is made for one. Made under
     // the default of one per core, a process's first layer woke a team at every run: silero_vad's 129 → 128
     // convolution over 4 positions took 0.10-0.12 ms instead of 0.015.
     omp_set_num_threads(1);
     auto p = std::make_unique<Prepared>();
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user);  // each band its own: bands run on several threads
-    if (zero_point != 0) {
-        attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-        p->has_zero_point = true;
-    }
-    const int dst_rank = op.kind == Kind::conv ? (int)src_dims.size() : 2;
+    p->has_zero_point = zero_point != 0;
     p->staged = staged;
-    if (staged) stage_attributes(attr, op, dst_rank, p->divisor_index);
-    const dt dst_type = !staged ? dt::s32 : op.stage.dst == Dst::u8 ? dt::u8 : dt::s8;
+    p->joined = staged && join;
+    // a band's attributes: a join's operand has the band's output shape
+    const auto attributes = [&](const memory::dims &band_dst) {
+        primitive_attr attr;
+        attr.set_scratchpad_mode(scratchpad_mode::user);  // each band its own: bands run on several threads
+        if (p->has_zero_point) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+        if (staged) stage_attributes(attr, op, band_dst, p->joined ? join : nullptr, *p);
+        return attr;
+    };
+    const int dst_rank = op.kind == Kind::conv ? (int)src_dims.size() : 2;
+    const bool unsigned_out = p->joined ? join->to.type == 'B' : op.stage.dst == Dst::u8;
+    const dt dst_type = !staged ? dt::s32 : unsigned_out ? dt::u8 : dt::s8;
+    // The float32 operand of a band's join (its output shape), its memory bound at each run
+    const auto join_operand = [&](Band &band, const memory::dims &band_dst) {
+        if (p->joined) band.other = memory(memory::desc(band_dst, dt::f32, channels_last_tag((int)band_dst.size())), cpu(), nullptr);
+    };
     const bool biased = staged && !op.stage.bias.empty();
     // The bias and the weights' scales of channels [first, first + count), for a staged band.
     const auto stage_memory = [&](Band &band, int64_t first, int64_t count) {
@@ -633,7 +684,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
                         memory::desc(src_dims, dt::u8, channels_last_tag(rank)), memory::desc(weight_dims, dt::s8, tag::any),
                         bias_desc(end - first), memory::desc(band_dst, dst_type, channels_last_tag(rank)),
                         sub ? ones : op.strides, op.dilations, sub ? none : op.pads_begin, sub ? none : op.pads_end,
-                        attr, p->has_zero_point);
+                        attributes(band_dst), p->has_zero_point);
+                join_operand(band, band_dst);
                 const memory::desc chosen = adopt<convolution_forward>(band, pd, p->impl);
                 const tag plain = rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde;  // [OC, IC, *kernel]
                 band.weights = reordered(op.weights.data() + first * per_channel,
@@ -646,7 +698,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
                 const memory::dims weight_dims = {k, width};
                 auto pd = matmul::primitive_desc(cpu(), memory::desc(src_dims, dt::u8, tag::ab),
                                                  memory::desc(weight_dims, dt::s8, tag::any), bias_desc(width),
-                                                 memory::desc({positions, width}, dst_type, tag::ab), attr);
+                                                 memory::desc({positions, width}, dst_type, tag::ab),
+                                                 attributes({positions, width}));
                 const memory::desc chosen = adopt<matmul>(band, pd, p->impl);
                 band.weights = reordered(columns.data(), memory::desc(weight_dims, dt::s8, tag::ab), chosen);
             }
@@ -694,8 +747,9 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
             const memory::desc dst_md(band_dst, dst_type, channels_last_tag(rank));
             const memory::dims ones(rank - 2, 1);
             auto pd = convolution_descriptor(src_md, weights_any, bias_desc(op.out_channels), dst_md,
-                                             sub ? ones : op.strides, op.dilations, pads_begin, pads_end, attr,
-                                             p->has_zero_point);
+                                             sub ? ones : op.strides, op.dilations, pads_begin, pads_end,
+                                             attributes(band_dst), p->has_zero_point);
+            join_operand(band, band_dst);
             chosen = adopt<convolution_forward>(band, pd, p->impl);
             int64_t items = 1;
             for (auto d : band_dst) items *= d;
@@ -704,7 +758,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
         } else {
             const memory::desc src_md({end - begin, src_dims[1]}, dt::u8, tag::ab);
             const memory::desc dst_md({end - begin, op.out_channels}, dst_type, tag::ab);
-            auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, bias_desc(op.out_channels), dst_md, attr);
+            auto pd = matmul::primitive_desc(cpu(), src_md, weights_any, bias_desc(op.out_channels), dst_md,
+                                             attributes({end - begin, op.out_channels}));
             chosen = adopt<matmul>(band, pd, p->impl);
             band.src_offset = (size_t)(begin * src_dims[1]);
             band.dst_offset = (size_t)(begin * op.out_channels);
@@ -732,26 +787,39 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
     p->accumulators = (size_t)items;
     p->src_bytes = (size_t)bytes;
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
-    if (staged)
-        p->divisor = memory(memory::desc(memory::dims(dst_rank, 1), dt::f32, plain_tag(dst_rank)), cpu(), &op.stage.scale);
+    const memory::desc one(memory::dims(dst_rank, 1), dt::f32, plain_tag(dst_rank));
+    if (staged) p->divisor = memory(one, cpu(), &op.stage.scale);
+    if (p->joined) {
+        p->join_scale = join->to.scale;
+        p->join_divisor = memory(one, cpu(), &p->join_scale);
+    }
     return p;
 }
 
 Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, int zero_point, bool channels_last_out,
-                  bool staged) {
+                  bool staged, const Join *join) {
     std::vector<int64_t> key(src_dims.begin(), src_dims.end());
     key.push_back(signed_src);
     key.push_back(zero_point != 0);
     key.push_back(channels_last_out);
     key.push_back(staged);
+    if (join) {  // its constants are the primitive's
+        const auto bits = [](float v) { int32_t b; std::memcpy(&b, &v, sizeof b); return (int64_t)b; };
+        for (int64_t v : {(int64_t)join->other_signed, (int64_t)join->multiply, (int64_t)join->relu, bits(join->scale),
+                          bits(join->to.scale), (int64_t)join->to.type, (int64_t)join->to.zero_point,
+                          (int64_t)join->to.qmin, (int64_t)join->to.qmax})
+            key.push_back(v);
+    }
     auto found = op.prepared.find(key);
     if (found != op.prepared.end()) return *found->second;
     // Each shape holds its primitives and their reordered weights: calibration meets many batch
     // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
     if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
-    auto p = make_prepared(op, src_dims, zero_point, channels_last_out, staged);
+    auto p = make_prepared(op, src_dims, zero_point, channels_last_out, staged, join);
     // oneDNN's reference kernels take the post-ops where its fast ones do not: lpt's stage is faster then
-    if (staged && p->impl.find("ref") != std::string::npos) p = make_prepared(op, src_dims, zero_point, channels_last_out, false);
+    // (a join stays: its caller has no memory for the layer's own output)
+    if (staged && !join && p->impl.find("ref") != std::string::npos)
+        p = make_prepared(op, src_dims, zero_point, channels_last_out, false, nullptr);
     op.last_impl = p->impl;
     return *op.prepared.emplace(key, std::move(p)).first->second;
 }
@@ -965,6 +1033,7 @@ void prepare_epilogue(Operation &op) {
     e.scale = s.scale;
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
     e.flush_tiny = tiny_values_quantize_as_zero(s);
+    op.onednn_stage = onednn_can_stage(op);
 }
 
 PyObject *fail(const std::exception &e) {
@@ -1236,9 +1305,24 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
 // src_zero_point: the operation's own, or one given at run time (py_run).
 // `rows_done`, where given, sees each band's rows once staged, on the thread that staged them (every row at
 // the end on route s16 and for a layer of one band).
+// x[r][c] = (f32(q[r][first + c]) − shift)·scale for `rows` rows of columns [first, first + width) of `channels`:
+// a join's other operand as its primitive reads it, with lpt_ops::join's operations.
+__attribute__((target_clones("avx2", "default"))) void dequantize_columns(const uint8_t *q, bool is_signed, int64_t rows,
+                                                                         int64_t channels, int64_t first, int64_t width,
+                                                                         float shift, float scale, float *x) {
+    for (int64_t r = 0; r < rows; ++r, x += width) {
+        const uint8_t *row = q + r * channels + first;
+        if (is_signed)
+            for (int64_t c = 0; c < width; ++c) x[c] = ((float)(int8_t)row[c] - shift) * scale;
+        else
+            for (int64_t c = 0; c < width; ++c) x[c] = ((float)row[c] - shift) * scale;
+    }
+}
+
+// `join`, on route u8s8 where stages_in_onednn holds: out is the join's output (Join), the layer's own never written.
 void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes,
-             const RowsDone *rows_done = nullptr) {
+             const RowsDone *rows_done = nullptr, const Join *join = nullptr) {
     std::lock_guard<std::mutex> guard(op.lock);
     if (op.kind == Kind::matmul && (dst == Dst::s32 || dst == op.stage.dst) && lpt_s16::supported() &&
         out_bytes == (size_t)(dims[0] * op.out_channels) * item_size(dst) &&
@@ -1257,8 +1341,9 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         read_dims = layer_output_dims(op, dims);
         read_dims[1] = dims[1];
     }
-    Prepared &p = prepare(op, read_dims, signed_src, zero_point, channels_last_out,
-                          stages_in_onednn(op, dst, channels_last_out));
+    const bool staged = stages_in_onednn(op, dst, channels_last_out);
+    Prepared &p = prepare(op, read_dims, signed_src, zero_point, channels_last_out, staged, staged ? join : nullptr);
+    if (join && !p.joined) throw std::logic_error("a join given for a layer oneDNN does not stage");
     *static_cast<int32_t *>(p.zero_point.get_data_handle()) = zero_point;
     const int64_t images = dims[0];
     int64_t positions = 1;
@@ -1318,6 +1403,17 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                 arguments[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = band.multiplier;
                 if (band.bias) arguments[DNNL_ARG_BIAS] = band.bias;
                 arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.divisor_index) | DNNL_ARG_SRC_1] = p.divisor;
+            }
+            if (p.joined) {  // the other operand's values for this band's outputs, while they are to be read
+                const int64_t width = p.channel_bands ? band.channels : channels;
+                thread_local Scratch<float> other;
+                float *values = other.get((size_t)((band.end_row - band.first_row) * width));
+                dequantize_columns(join->other + band.first_row * channels, join->other_signed,
+                                   band.end_row - band.first_row, channels, p.channel_bands ? band.first_channel : 0,
+                                   width, join->other_shift, join->other_scale, values);
+                band.other.set_data_handle(values);
+                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.other_index) | DNNL_ARG_SRC_1] = band.other;
+                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.join_divisor_index) | DNNL_ARG_SRC_1] = p.join_divisor;
             }
             band.prim.execute(thread_stream(), arguments);
             if (op.route == Route::split) {
@@ -1741,8 +1837,9 @@ constexpr size_t KEEP_PROGRAM_BYTES = (size_t)512 << 20;
 
 
 
+// With `join` (a convolution's, join_in_bands), `out` is the join's output.
 void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch,
-               const RowsDone *rows_done = nullptr) {
+               const RowsDone *rows_done = nullptr, const Join *join = nullptr) {
     Operation &op = *ins.operation;
     if (!src.eight_bit()) throw Unsupported("a layer reads other than 8-bit integers");
     const int expected_rank = op.kind == Kind::conv ? (int)op.weight_dims.size() - (op.groups > 1 ? 1 : 0) : -1;
@@ -1751,7 +1848,7 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
         throw Unsupported("a layer's source does not fit its weights");
     out.dims = layer_output_dims(op, src.dims);
     const Dst dst = op.stage.dst;
-    const char type = dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b';
+    const char type = join ? join->to.type : dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b';
     void *o = out.allocate(type, out.count());
     const bool signed_src = src.type == 'b';
     const uint8_t *in = static_cast<const uint8_t *>(src.data);
@@ -1781,9 +1878,14 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
         const RowsDone these = [&](int64_t begin, int64_t end, int threads) {
             (*rows_done)(first_row + begin, first_row + end, threads);
         };
+        Join these_images;
+        if (join) {
+            these_images = *join;
+            these_images.other += first * out_image;
+        }
         execute(op, in + first * in_image, dims, src.transposed(), signed_src, op.src_zero_point, dst, true,
                 static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)),
-                rows_done ? &these : nullptr);
+                rows_done ? &these : nullptr, join ? &these_images : nullptr);
     }
 }
 
@@ -1949,12 +2051,27 @@ bool joins_layer(const Instruction &layer, const Instruction &join) {
     return (join.in[0] == layer.out) != (join.in[1] == layer.out);
 }
 
+// Whether oneDNN's primitive of the convolution `layer` (code[at]) applies the join after it too, its output
+// never written (Join): where oneDNN stages the layer, nothing after the join reads that output, and the
+// join's values stay normal floats far from overflow (scales within 2^±40), so that its operations give
+// lpt_ops::join's bits; the layer's side dequantized with its own zero point, and an 8-bit destination.
+bool joins_in_primitive(const Program &program, size_t at, const Instruction &layer, const Instruction &join) {
+    const Operation &op = *layer.operation;
+    const bool layer_first = join.in[0] == layer.out;
+    const float shift = layer_first ? join.a_shift : join.b_shift;
+    const auto moderate = [](float v) { return std::fabs(v) >= 0x1p-40f && std::fabs(v) <= 0x1p40f; };
+    return stages_in_onednn(op, op.stage.dst, true) && program.last_use[layer.out] == at + 1 &&
+           (join.to.type == 'B' || join.to.type == 'b') && shift == (float)op.stage.zero_point &&
+           moderate(join.a_scale) && moderate(join.b_scale) && moderate(join.to.scale) &&
+           std::nearbyint(join.a_shift) == join.a_shift && std::nearbyint(join.b_shift) == join.b_shift;
+}
+
 // A convolution and the residual join after it (joins_layer) in one pass: each band's rows joined right after
 // their output stage, on the thread that staged them, while they are in its cache, instead of a pass over
 // the whole tensor after the layer. The same operations on the same values as step's join, a range of rows
 // at a time. False, with nothing run, where the other operand is not 8-bit in the convolution's output shape
 // and layout: then the two run one after the other.
-bool join_in_bands(Program &program, const Instruction &layer, const Instruction &join) {
+bool join_in_bands(Program &program, size_t at, const Instruction &layer, const Instruction &join) {
     std::vector<Slot> &slots = program.slots;
     const Slot &src = slots[layer.in[0]];
     const bool layer_first = join.in[0] == layer.out;
@@ -1968,6 +2085,19 @@ bool join_in_bands(Program &program, const Instruction &layer, const Instruction
     const bool transposed = dims[1] > 1 && positions > 1;  // as Slot::transposed() will say of the layer's output
     if (other.dims != dims || other.transposed() != transposed) return false;
     Slot &out = slots[join.out], &mid = slots[layer.out];
+    if (joins_in_primitive(program, at, layer, join)) {
+        Join fused;
+        fused.other = static_cast<const uint8_t *>(other.data);
+        fused.other_signed = other.type == 'b';
+        fused.multiply = join.multiply, fused.relu = join.relu;
+        fused.scale = layer_first ? join.a_scale : join.b_scale;
+        fused.other_shift = layer_first ? join.b_shift : join.a_shift;
+        fused.other_scale = layer_first ? join.b_scale : join.a_scale;
+        fused.to = join.to;
+        run_layer(layer, src, out, program.scratch, nullptr, &fused);
+        out.channels_last = transposed;
+        return true;
+    }
     out.dims = dims;
     out.channels_last = transposed;
     char *o = static_cast<char *>(out.allocate(join.to.type, dims[0] * dims[1] * positions));
@@ -2925,7 +3055,7 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         for (size_t i = 0; i < code.size(); ++i) {
             // a convolution and the residual join after it run as one (join_in_bands): the join's time is the layer's
             const bool paired = i + 1 < code.size() && joins_layer(code[i], code[i + 1]) &&
-                                join_in_bands(*program, code[i], code[i + 1]);
+                                join_in_bands(*program, i, code[i], code[i + 1]);
             if (!paired) step(*program, code[i]);
             for (size_t k = i; k <= i + paired; ++k)
                 for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release

@@ -310,6 +310,44 @@ def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_
     assert program.seconds()[2] == 0.0  # run with the convolution: its time is the layer's
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), multiply=st.booleans(), relu=st.booleans(), layer_first=st.booleans(),
+       size=st.sampled_from([6, 40]), layer_type=st.sampled_from([(np.uint8, 128), (np.int8, -5)]),
+       other_type=st.sampled_from([(np.uint8, 0), (np.int8, 3)]),
+       scales=st.sampled_from([(0.02, 0.03, 0.04), (0.25, 0.5, 1.0)]),  # the second: many ties
+       to=st.sampled_from([(0, 0, 255, False), (100, 0, 255, False), (-3, -128, 127, True), (0, -127, 127, True)]))
+def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multiply, relu, layer_first, size, layer_type,
+                                                                    other_type, scales, to):
+    """Where oneDNN applies the convolution's output stage, its primitive applies the residual join too (the layer's
+    own levels never written; elsewhere lpt joins each band's rows): the bits of lpt's join of the layer's output,
+    either operand first, a sum or a product, with or without Relu, into uint8 or int8, one band or two."""
+    rng = np.random.default_rng(seed)
+
+    def conv(in_channels, src_zero_point, dtype, zero_point):
+        return lpt.native.Conv(rng.integers(-128, 128, (32, in_channels, 3, 3)).astype(np.int8), pads=(1, 1, 1, 1),
+                               src_zero_point=src_zero_point, multiplier=rng.uniform(2e-5, 6e-5, 32).astype(np.float32),
+                               bias=rng.normal(0, 0.3, 32).astype(np.float32), dst_scale=np.float32(0.02),
+                               dst_zero_point=np.int32(zero_point), dst_dtype=dtype, threads=2)
+
+    layer_scale, other_scale, to_scale = scales
+    first = conv(8, 128, *other_type)  # the other operand, r
+    second = conv(32, other_type[1], *layer_type)  # the layer, reading r
+    x = rng.integers(0, 256, (2, 8, size, size)).astype(np.uint8)
+    to_zero_point, qmin, qmax, signed = to
+    shifts = (float(layer_type[1]), layer_scale, float(other_type[1]), other_scale)
+    a_shift, a_scale, b_shift, b_scale = shifts if layer_first else shifts[2:] + shifts[:2]
+    join = (multiply, a_shift, a_scale, b_shift, b_scale, relu, (to_scale, to_zero_point, qmin, qmax, signed))
+    program = Program([("layer", ["x"], "r", first.instruction[1]), ("layer", ["r"], "y", second.instruction[1]),
+                       ("join", ["y", "r"] if layer_first else ["r", "y"], "z", join)], ["x"], ["z"], threads=2)
+    r = first(x)
+    y = second(r)
+    a, b = (y, r) if layer_first else (r, y)
+    expected = join_q(multiply, a, a_shift, np.float32(a_scale), b, b_shift, np.float32(b_scale), relu,
+                      dst_scale=np.float32(to_scale), dst_zero_point=np.int32(to_zero_point), qmin=qmin, qmax=qmax)
+    assert len(np.unique(expected)) > 10
+    assert same_bits(program(x)[0], expected)
+
+
 def test_a_classifier_tail_joins_to_float_and_pools_in_the_same_native_call():
     """The last block's Add has no quantize after it (the global average comes first): a join to f32,
     then the mean, keep the whole network in one program, with the bits of the steps run one by one."""
