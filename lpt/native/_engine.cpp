@@ -450,15 +450,18 @@ constexpr double BAND_WORK = 1 << 20;
 // VM (a Xeon with AMX: the PaddleOCR recognizer's 1×1 convolutions of one position took 0.086 ms on the
 // u8s8 route, 0.002 ms on lpt's s16), while lpt's workers spin through a program's run. Its plan took
 // 15.1 → 10.0 ms so, the detector's 71 → 60 ms; a layer below BAND_WORK products is one band. More bands
-// than threads where a band's accumulators would pass BAND_ACCUMULATOR_BYTES.
-int band_count(const Operation &op, const memory::dims &src_dims) {
+// than threads where a band's accumulators would pass BAND_ACCUMULATOR_BYTES (or a join's float32 operand,
+// as many bytes); where neither passes through memory (the primitives stage, no join: `no_accumulators`),
+// one band per thread keeps the threads' work even: ResNet-18's stem, 3.2 MB of accumulators, ran in 7
+// bands, 4 on one thread and 3 on the other.
+int band_count(const Operation &op, const memory::dims &src_dims, bool no_accumulators) {
     const memory::dims out = primitive_output_dims(op, src_dims);
     double products = (double)op.weights.size(), accumulators = 1;
     for (auto d : out) accumulators *= (double)d;
     products *= (double)out[0];  // a matmul's rows, a convolution's images
     if (op.kind == Kind::conv) for (size_t i = 2; i < out.size(); ++i) products *= (double)out[i];
     if (products < BAND_WORK) return 1;
-    const double bytes = accumulators * sizeof(int32_t) * (op.route == Route::split ? 2 : 1);
+    const double bytes = no_accumulators ? 0 : accumulators * sizeof(int32_t) * (op.route == Route::split ? 2 : 1);
     const int64_t cached = (int64_t)std::ceil(bytes / BAND_ACCUMULATOR_BYTES);
     return (int)std::min<int64_t>(std::max<int64_t>(op.threads, cached), band_rows(op, out));
 }
@@ -483,7 +486,7 @@ int channel_band_count(const Operation &op, const memory::dims &src_dims, bool c
 
 bool tiny_values_quantize_as_zero(const OutputStage &s);
 
-// Whether a run's output stage goes into oneDNN's primitive, which then writes the 8-bit output itself,
+// Whether oneDNN's primitive applies an operation's output stage and writes the 8-bit output itself,
 // instead of int32 accumulators that lpt stages (finish_rows). On route u8s8, for an 8-bit destination
 // and a Relu, Clip or LeakyRelu or no post-op, the primitive computes the stage's float32 operations in
 // its order, bit for bit: x = f32(acc)·m[c] (the weights' scales), + bias[c] (not fused into one
@@ -493,8 +496,8 @@ bool tiny_values_quantize_as_zero(const OutputStage &s);
 // + zp, saturated. A Xeon with AMX, one thread, a 3×3 64 → 64 convolution over 56×56 with a Relu:
 // 0.19 ms with lpt's stage after the primitive, 0.12 so (its int32 accumulators alone took 0.078).
 // x is finite (the bounds below) and subnormal values cannot move a level where
-// tiny_values_quantize_as_zero holds, so oneDNN's treatment of them does not matter.
-// LPT_ONEDNN_STAGE=off keeps lpt's stage (a comparison). What the operation alone decides, once (prepare_epilogue):
+// tiny_values_quantize_as_zero holds, so oneDNN's treatment of them does not matter. Decided once, when the
+// operation is made (prepare_epilogue); LPT_ONEDNN_STAGE=off keeps lpt's stage, to compare.
 bool onednn_can_stage(const Operation &op) {
     static const bool off = [] {
         const char *v = std::getenv("LPT_ONEDNN_STAGE");
@@ -512,11 +515,11 @@ bool onednn_can_stage(const Operation &op) {
     double largest = 0;
     for (float m : s.multiplier) largest = std::max(largest, (double)std::fabs(m) * 0x1p31);
     for (float b : s.bias) largest = std::max(largest, 2 * (double)std::fabs(b));
-    if (op.stage.post_ops.size()) largest *= std::max(1.0, (double)std::fabs(s.post_ops[1]));
+    if (!s.post_ops.empty()) largest *= std::max(1.0, (double)std::fabs(s.post_ops[1]));
     return largest < 0x1p100 && largest / s.scale < 0x1p100;
 }
 
-// ... and a run: the operation's own destination, channels-last for a convolution.
+// A run that oneDNN stages: the operation's own destination, channels-last for a convolution.
 bool stages_in_onednn(const Operation &op, Dst dst, bool channels_last_out) {
     return op.onednn_stage && dst == op.stage.dst && (op.kind == Kind::matmul || channels_last_out);
 }
@@ -533,7 +536,7 @@ void append_levels(post_ops &chain, bool is_unsigned, int zero_point, int qmin, 
 }
 
 // The attributes that make a primitive apply the output stage (stages_in_onednn), and a join after it where
-// given; `rank` is its destination's. The binary post-ops' places are set in p, their operands at each run.
+// given, for a destination of dims `dst`. The binary post-ops' places go into p, their operands at each run.
 void stage_attributes(primitive_attr &attr, const Operation &op, const memory::dims &dst, const Join *join, Prepared &p) {
     const int rank = (int)dst.size();
     const OutputStage &s = op.stage;
@@ -711,7 +714,7 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
         }
     }
     memory::desc weights_desc;
-    for (int b = 0, bands = p->channel_bands ? 0 : band_count(op, src_dims); b < bands; ++b) {
+    for (int b = 0, bands = p->channel_bands ? 0 : band_count(op, src_dims, staged && !join); b < bands; ++b) {
         const int64_t begin = rows * b / bands, end = rows * (b + 1) / bands;  // output rows
         Band band;
         memory::desc chosen;
