@@ -301,6 +301,9 @@ struct Band {
     memory src, dst_hi, dst_lo, scratchpad, weights;
     memory multiplier, bias;  // where oneDNN stages (Prepared::staged): its channels' output stage
     memory other;             // with a join: the other operand's values for its rows, as float32
+    // The primitive's arguments (and the split route's second pass's), made once: a run binds new
+    // pointers to the memory objects above (set_data_handle), which these share.
+    std::unordered_map<int, memory> arguments, arguments_lo;
     size_t src_offset = 0, dst_offset = 0;
     int64_t first_row = 0, end_row = 0, first_channel = 0, channels = 0;
 };
@@ -795,6 +798,26 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
     if (p->joined) {
         p->join_scale = join->to.scale;
         p->join_divisor = memory(one, cpu(), &p->join_scale);
+    }
+    for (Band &band : p->bands) {
+        auto &a = band.arguments;
+        a = {{DNNL_ARG_SRC, band.src}, {DNNL_ARG_WEIGHTS, p->channel_bands ? band.weights : p->weights_hi},
+             {DNNL_ARG_DST, band.dst_hi}, {DNNL_ARG_SCRATCHPAD, band.scratchpad}};
+        if (p->has_zero_point) a[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p->zero_point;
+        if (staged) {
+            a[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = band.multiplier;
+            if (band.bias) a[DNNL_ARG_BIAS] = band.bias;
+            a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->divisor_index) | DNNL_ARG_SRC_1] = p->divisor;
+        }
+        if (p->joined) {
+            a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->other_index) | DNNL_ARG_SRC_1] = band.other;
+            a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->join_divisor_index) | DNNL_ARG_SRC_1] = p->join_divisor;
+        }
+        if (op.route == Route::split) {
+            band.arguments_lo = a;
+            band.arguments_lo[DNNL_ARG_WEIGHTS] = p->weights_lo;
+            band.arguments_lo[DNNL_ARG_DST] = band.dst_lo;
+        }
     }
     return p;
 }
@@ -1398,15 +1421,6 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             uint8_t *staged_to = p.channel_bands ? reinterpret_cast<uint8_t *>(acc_hi) : static_cast<uint8_t *>(out);
             band.dst_hi.set_data_handle(p.staged ? static_cast<void *>(staged_to + band.dst_offset)
                                                  : static_cast<void *>(acc_hi + band.dst_offset));
-            std::unordered_map<int, memory> arguments{
-                {DNNL_ARG_SRC, band.src}, {DNNL_ARG_WEIGHTS, p.channel_bands ? band.weights : p.weights_hi},
-                {DNNL_ARG_DST, band.dst_hi}, {DNNL_ARG_SCRATCHPAD, band.scratchpad}};
-            if (p.has_zero_point) arguments[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = p.zero_point;
-            if (p.staged) {
-                arguments[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = band.multiplier;
-                if (band.bias) arguments[DNNL_ARG_BIAS] = band.bias;
-                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.divisor_index) | DNNL_ARG_SRC_1] = p.divisor;
-            }
             if (p.joined) {  // the other operand's values for this band's outputs, while they are to be read
                 const int64_t width = p.channel_bands ? band.channels : channels;
                 thread_local Scratch<float> other;
@@ -1415,15 +1429,11 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
                                    band.end_row - band.first_row, channels, p.channel_bands ? band.first_channel : 0,
                                    width, join->other_shift, join->other_scale, values);
                 band.other.set_data_handle(values);
-                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.other_index) | DNNL_ARG_SRC_1] = band.other;
-                arguments[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.join_divisor_index) | DNNL_ARG_SRC_1] = p.join_divisor;
             }
-            band.prim.execute(thread_stream(), arguments);
+            band.prim.execute(thread_stream(), band.arguments);
             if (op.route == Route::split) {
                 band.dst_lo.set_data_handle(acc_lo + band.dst_offset);
-                arguments[DNNL_ARG_WEIGHTS] = p.weights_lo;
-                arguments[DNNL_ARG_DST] = band.dst_lo;
-                band.prim.execute(thread_stream(), arguments);
+                band.prim.execute(thread_stream(), band.arguments_lo);
             }
             thread_stream().wait();
             if (p.staged) {

@@ -84,48 +84,68 @@ void max_pool_typed(const T *src, int64_t planes, int64_t h, int64_t w, const Po
     });
 }
 
+// One output row of a channels-last max pool (max_pool_channels_last_typed), inlined into a plain and an
+// AVX2 build of itself (pool_row): the maxima of 32 bytes per instruction instead of 16. ResNet-18's 3×3
+// pool of stride 2, 64 channels over 112×112: 0.069 → 0.049 ms (2 threads, a Xeon).
+template <typename T>
+__attribute__((always_inline)) inline void pool_row_body(const T *src, int64_t row, int64_t channels, int64_t h,
+                                                         int64_t w, const Pool &p, T *out) {
+    const int64_t oh = p.out_h(h), ow = p.out_w(w);
+    const int64_t n = row / oh, y = row % oh;
+    if (p.stride_w == 1) {
+        // A tap's values for the whole output row are one run of the source row (the positions
+        // where it falls inside), so the row is the maximum of runs of bytes, taken with vectors.
+        // PaddleOCR's detector's 2×2 pool of 24 channels over 320×320: 2.2 ms position by position.
+        T *o = out + (n * oh + y) * ow * channels;
+        std::fill(o, o + ow * channels, lowest<T>());
+        for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+            const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                const int64_t shift = kx * p.dilation_w - p.pad_left;  // ix = x + shift
+                const int64_t first = std::max<int64_t>(0, -shift), end = std::min(ow, w - shift);
+                if (first >= end) continue;
+                const T *in = src + ((n * h + iy) * w + first + shift) * channels;
+                T *to = o + first * channels;
+                for (int64_t i = 0; i < (end - first) * channels; ++i) to[i] = larger(to[i], in[i]);
+            }
+        }
+        return;
+    }
+    for (int64_t x = 0; x < ow; ++x) {
+        T *o = out + ((n * oh + y) * ow + x) * channels;
+        std::fill(o, o + channels, lowest<T>());
+        for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+            const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
+                if (ix < 0 || ix >= w) continue;
+                const T *in = src + ((n * h + iy) * w + ix) * channels;
+                for (int64_t c = 0; c < channels; ++c) o[c] = larger(o[c], in[c]);
+            }
+        }
+    }
+}
+
+template <typename T>
+void pool_row(const T *src, int64_t row, int64_t channels, int64_t h, int64_t w, const Pool &p, T *out) {
+    pool_row_body(src, row, channels, h, w, p, out);
+}
+
+template <typename T>
+__attribute__((target("avx2"))) void pool_row_avx2(const T *src, int64_t row, int64_t channels, int64_t h, int64_t w,
+                                                   const Pool &p, T *out) {
+    pool_row_body(src, row, channels, h, w, p, out);
+}
+
 template <typename T>
 void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels, int64_t h, int64_t w, const Pool &p,
                                   T *out, int threads) {
     const int64_t oh = p.out_h(h), ow = p.out_w(w);
+    const auto one_row = __builtin_cpu_supports("avx2") ? pool_row_avx2<T> : pool_row<T>;
     lpt_parallel::for_each(images * oh * ow * channels * p.kernel_h * p.kernel_w >= PARALLEL_WORK ? threads : 1,
-                           images * oh, [=](int64_t row) {
-        const int64_t n = row / oh, y = row % oh;
-        if (p.stride_w == 1) {
-            // A tap's values for the whole output row are one run of the source row (the positions
-            // where it falls inside), so the row is the maximum of runs of bytes, taken with vectors.
-            // PaddleOCR's detector's 2×2 pool of 24 channels over 320×320: 2.2 ms position by position.
-            T *o = out + (n * oh + y) * ow * channels;
-            std::fill(o, o + ow * channels, lowest<T>());
-            for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
-                const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
-                if (iy < 0 || iy >= h) continue;
-                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-                    const int64_t shift = kx * p.dilation_w - p.pad_left;  // ix = x + shift
-                    const int64_t first = std::max<int64_t>(0, -shift), end = std::min(ow, w - shift);
-                    if (first >= end) continue;
-                    const T *in = src + ((n * h + iy) * w + first + shift) * channels;
-                    T *to = o + first * channels;
-                    for (int64_t i = 0; i < (end - first) * channels; ++i) to[i] = larger(to[i], in[i]);
-                }
-            }
-            return;
-        }
-        for (int64_t x = 0; x < ow; ++x) {
-            T *o = out + ((n * oh + y) * ow + x) * channels;
-            std::fill(o, o + channels, lowest<T>());
-            for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
-                const int64_t iy = y * p.stride_h + ky * p.dilation_h - p.pad_top;
-                if (iy < 0 || iy >= h) continue;
-                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-                    const int64_t ix = x * p.stride_w + kx * p.dilation_w - p.pad_left;
-                    if (ix < 0 || ix >= w) continue;
-                    const T *in = src + ((n * h + iy) * w + ix) * channels;
-                    for (int64_t c = 0; c < channels; ++c) o[c] = larger(o[c], in[c]);
-                }
-            }
-        }
-    });
+                           images * oh, [=](int64_t row) { one_row(src, row, channels, h, w, p, out); });
 }
 
 template <typename T>
