@@ -3136,6 +3136,14 @@ PyObject *py_program_seconds(PyObject *, PyObject *args) {
     return list;
 }
 
+PyObject *py_stages(PyObject *, PyObject *args) {
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
+    Operation *op = operation(capsule);
+    if (!op) return nullptr;
+    return PyBool_FromLong(op->onednn_stage);
+}
+
 PyObject *py_implementation(PyObject *, PyObject *args) {
     PyObject *capsule;
     if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
@@ -3190,6 +3198,7 @@ PyMethodDef methods[] = {
         {"run", py_run, METH_VARARGS, RUN_DOC},
         {"dynamic_quantize", py_dynamic_quantize, METH_VARARGS, DYNAMIC_QUANTIZE_DOC},
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
+        {"stages", py_stages, METH_VARARGS, "whether oneDNN's primitive applies the operation's output stage (8-bit runs)"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
         {"float_lanes", py_float_lanes, METH_VARARGS,

@@ -118,13 +118,22 @@ class Conv(_Operation):
         self.groups, self.src_zero_point = groups, int(src_zero_point)
         self.out_channels, self.in_channels = weights.shape[0], weights.shape[1] * groups
         rank = len(self.window.kernel)
-        if route is None:
-            self.route = routes.conv_route(self.route, int(np.prod(weights.shape[1:])), groups, rank)
         if not routes.runs(self.route, groups, rank, depthwise=weights.shape[1] == 1 and weights.shape[0] == groups):
             self.route = "split"
-        self._operation = engine.conv(np.ascontiguousarray(weights), weights.shape, groups, self.window.strides,
-                                      self.window.dilations, self.window.pads[:rank], self.window.pads[rank:],
-                                      self.src_zero_point, self.route, self.threads, *self._stage)
+        weights = np.ascontiguousarray(weights)
+        self._operation = self._make(weights)
+        if route is None:
+            chosen = routes.conv_route(self.route, int(np.prod(weights.shape[1:])), groups, rank,
+                                       staged=engine.stages(self._operation))
+            if chosen != self.route:
+                self.route = chosen
+                self._operation = self._make(weights)
+
+    def _make(self, weights: np.ndarray):
+        rank = len(self.window.kernel)
+        return engine.conv(weights, weights.shape, self.groups, self.window.strides, self.window.dilations,
+                           self.window.pads[:rank], self.window.pads[rank:], self.src_zero_point, self.route,
+                           self.threads, *self._stage)
 
     def __call__(self, src, channels_last: bool = False, src_zero_point: int | None = None) -> np.ndarray:
         """dst [N, OC, *out] from src uint8/int8 [N, IC, *spatial]; with `channels_last`, a view of [N, *out, OC].

@@ -93,15 +93,18 @@ def _probe(route: str) -> bool:
 FEW_PRODUCTS = 32
 
 
-def conv_route(route: str, reduction: int, groups: int, spatial_axes: int) -> str:
+def conv_route(route: str, reduction: int, groups: int, spatial_axes: int, staged: bool = False) -> str:
     """The route of a convolution of `reduction` products per output value: `route`, except that on u8s8
-    a layer of one group and fewer than FEW_PRODUCTS goes to s16, where exact. oneDNN 3.2's u8s8 kernels
-    for such layers (jit_int8, for an input channel count below 4) run far under their peak, and the
-    output stage of their many values, s16 fuses. Measured on a Xeon with AMX, 2 threads, 3×3 to 128
-    channels over 900×161: from 1 channel 10.8 → 5.3 ms, from 3 channels 10.5 → 8.1 ms; a 7×7 stem
-    of 3 channels (147 products) and a 3×3 of 8 (72) stay faster on u8s8 (0.53 against 0.98 ms, 0.78
-    against 1.40 ms), as do depthwise layers."""
-    if route == "u8s8" and groups == 1 and reduction < FEW_PRODUCTS and spatial_axes <= 2 and "s16" in exact_routes():
+    a layer of one group and fewer than FEW_PRODUCTS goes to s16, where exact, unless oneDNN's primitive
+    applies its output stage (`staged`: the engine says so of the operation made on u8s8). oneDNN 3.2's
+    u8s8 kernels for such layers (jit_int8, for an input channel count below 4) run far under their
+    peak, and lpt's stage of their many values after them cost more than s16, which fuses it. Measured on
+    a Xeon with AMX, 2 threads, 3×3 to 128 channels over 900×161 with a Relu: from 1 channel 10.8 ms on
+    u8s8 with lpt's stage, 5.3-6.6 on s16, 3.1-3.8 staged by oneDNN; from 3 channels 10.5, 8.1-9.2 and
+    3.1. A 7×7 stem of 3 channels (147 products) and a 3×3 of 8 (72) are faster on u8s8 either way
+    (0.53 against 0.98 ms, 0.78 against 1.40 ms), as are depthwise layers."""
+    if (route == "u8s8" and not staged and groups == 1 and reduction < FEW_PRODUCTS and spatial_axes <= 2
+            and "s16" in exact_routes()):
         return "s16"
     return route
 

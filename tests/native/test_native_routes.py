@@ -12,6 +12,7 @@ import pytest
 
 import lpt.native
 from lpt.kernels import Relu, Sum
+from lpt.kernels.output_stage import Clip, Gelu, LeakyRelu, Sigmoid
 from lpt.native import routes
 
 
@@ -67,6 +68,28 @@ def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
     assert acc.tolist() == [[[[255 * 18]]] * 4]
 
 
+@pytest.mark.parametrize("post_ops, dst_scale, route, staged", [
+    ((), 0.5, "u8s8", True),
+    ((Relu(),), 0.5, "u8s8", True),
+    ((Clip(0.0, 6.0),), 0.5, "u8s8", True),
+    ((LeakyRelu(0.1),), 0.5, "u8s8", True),
+    ((Relu(),), None, "u8s8", False),  # a float32 destination
+    ((Sigmoid(),), 0.5, "u8s8", False),  # lpt's own Sigmoid: oneDNN's would round otherwise
+    ((Gelu(1.4142135, 1.0, 0.5),), 0.5, "u8s8", False),
+    ((Relu(), Clip(0.0, 6.0)), 0.5, "u8s8", False),
+    ((Relu(),), 1e-7, "u8s8", False),  # past tiny_values_quantize_as_zero's bound
+    ((Relu(),), 0.5, "split", False),
+])
+def test_onednn_applies_the_output_stages_it_computes_as_lpt_does(post_ops, dst_scale, route, staged):
+    """oneDNN's primitive applies an 8-bit output stage of a Relu, Clip, LeakyRelu or none, on route u8s8 (the
+    split route sums two passes first); lpt stages the others itself."""
+    if route not in routes.exact_routes():
+        pytest.skip(f"route {route} is not exact on this CPU")
+    conv = lpt.native.Conv(np.ones((8, 4, 3, 3), np.int8), post_ops=post_ops, dst_scale=dst_scale,
+                           dst_dtype=None if dst_scale is None else np.uint8, route=route)
+    assert lpt.native.engine.stages(conv._operation) == staged
+
+
 def test_few_products_per_output_take_s16_where_the_route_is_u8s8(monkeypatch):
     """A one-group layer of under 32 products per output (a 3×3 stem of 1 or 3 channels) runs on lpt's s16 where
     the route is u8s8; wider reductions, depthwise layers and the other routes keep theirs."""
@@ -86,6 +109,10 @@ def test_few_products_per_output_take_s16_where_the_route_is_u8s8(monkeypatch):
     stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1))
     assert stem.route == "s16"
     assert stem.accumulate(np.full((1, 1, 3, 3), 2, np.uint8))[0, :, 1, 1].tolist() == [18] * 8
+    # where oneDNN applies the output stage itself (8-bit, a Relu), its u8s8 kernel is the faster
+    staged = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), post_ops=(Relu(),), dst_scale=0.5,
+                             dst_dtype=np.uint8)
+    assert staged.route == "u8s8"
     assert lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), route="u8s8").route == "u8s8"  # a route asked for
 
 
