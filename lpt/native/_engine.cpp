@@ -489,30 +489,32 @@ int channel_band_count(const Operation &op, const memory::dims &src_dims, bool c
 
 bool tiny_values_quantize_as_zero(const OutputStage &s);
 
-// Whether oneDNN's primitive applies an operation's output stage and writes the 8-bit output itself,
-// instead of int32 accumulators that lpt stages (finish_rows). On route u8s8, for an 8-bit destination
-// and a Relu, Clip or LeakyRelu or no post-op, the primitive computes the stage's float32 operations in
-// its order, bit for bit: x = f32(acc)·m[c] (the weights' scales), + bias[c] (not fused into one
-// rounding: oneDNN's f32 output equals it on every kernel tried), the post-op, then y = x / s_dst by a
-// binary division post-op (vdivps: its destination scale would multiply by 1/s, and add the zero point
-// before rounding, so ties and the values next to them would move by 1 LSB), rounded half to even,
-// + zp, saturated. A Xeon with AMX, one thread, a 3×3 64 → 64 convolution over 56×56 with a Relu:
-// 0.19 ms with lpt's stage after the primitive, 0.12 so (its int32 accumulators alone took 0.078).
-// x is finite (the bounds below) and subnormal values cannot move a level where
-// tiny_values_quantize_as_zero holds, so oneDNN's treatment of them does not matter. Decided once, when the
-// operation is made (prepare_epilogue); LPT_ONEDNN_STAGE=off keeps lpt's stage, to compare.
+// Whether oneDNN's primitive applies an operation's output stage and writes the output itself, instead of
+// int32 accumulators that lpt stages (finish_rows). On route u8s8, for a Relu, Clip or LeakyRelu or no
+// post-op, the primitive computes the stage's float32 operations in its order, bit for bit: x = f32(acc)·m[c]
+// (the weights' scales), + bias[c] (not fused into one rounding: oneDNN's f32 output equals it on every
+// kernel tried), the post-op; for an 8-bit destination then y = x / s_dst by a binary division post-op
+// (vdivps: its destination scale would multiply by 1/s, and add the zero point before rounding, so ties
+// and the values next to them would move by 1 LSB), rounded half to even, + zp, saturated. A Xeon with AMX,
+// one thread, a 3×3 64 → 64 convolution over 56×56 with a Relu: 0.19 ms with lpt's stage after the
+// primitive, 0.12 so (its int32 accumulators alone took 0.078). x is finite (the bounds below); subnormal
+// values cannot move a level where tiny_values_quantize_as_zero holds, and a float32 destination takes
+// them as IEEE arithmetic gives them, as lpt does. Decided once, when the operation is made
+// (prepare_epilogue); LPT_ONEDNN_STAGE=off keeps lpt's stage, to compare.
 bool onednn_can_stage(const Operation &op) {
     static const bool off = [] {
         const char *v = std::getenv("LPT_ONEDNN_STAGE");
         return v && std::strcmp(v, "off") == 0;
     }();
     const OutputStage &s = op.stage;
-    if (off || op.route != Route::u8s8 || (s.dst != Dst::u8 && s.dst != Dst::s8) || !tiny_values_quantize_as_zero(s))
+    if (off || op.route != Route::u8s8 || s.dst == Dst::s32 || (s.dst != Dst::f32 && !tiny_values_quantize_as_zero(s)))
         return false;
     if (!s.post_ops.empty()) {
         if (s.post_ops.size() != lpt_s16::POST_OP_FIELDS || s.post_ops[0] != lpt_s16::SLOPE_CLIP) return false;
         const float slope = s.post_ops[1], low = s.post_ops[2], high = s.post_ops[3];
         if (!(std::isfinite(slope) && low <= high && !std::isnan(low) && !std::isnan(high))) return false;
+        // a float32 output keeps a zero's sign: slope·(−0) is −0, as lpt's −0 < 0 ? … : x, only where slope ≥ 0
+        if (s.dst == Dst::f32 && slope < 0) return false;
     }
     // |acc| < 2^31: x and x / s stay far from float32's overflow
     double largest = 0;
@@ -553,6 +555,13 @@ void stage_attributes(primitive_attr &attr, const Operation &op, const memory::d
             chain.append_eltwise(algorithm::eltwise_relu, 0.0f, 0.0f);
         else if (low != -INFINITY || high != INFINITY)  // x is finite: ±FLT_MAX bound nothing
             chain.append_eltwise(algorithm::eltwise_clip, std::max(low, -FLT_MAX), std::min(high, FLT_MAX));
+    }
+    if (s.dst == Dst::f32) {
+        // lpt's clip at 0 gives +0 for every x ≤ 0, oneDNN's Relu 0·x (−0 where x < 0): x·1 + 0 makes it +0
+        // and leaves every other value as it is
+        if (!s.post_ops.empty() && s.post_ops[2] == 0.0f) chain.append_eltwise(algorithm::eltwise_linear, 1.0f, 0.0f);
+        attr.set_post_ops(chain);
+        return;
     }
     const memory::desc one(memory::dims(rank, 1), dt::f32, plain_tag(rank));
     p.divisor_index = chain.len();
@@ -645,8 +654,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
         return attr;
     };
     const int dst_rank = op.kind == Kind::conv ? (int)src_dims.size() : 2;
-    const bool unsigned_out = p->joined ? join->to.type == 'B' : op.stage.dst == Dst::u8;
-    const dt dst_type = !staged ? dt::s32 : unsigned_out ? dt::u8 : dt::s8;
+    const Dst out = p->joined ? (join->to.type == 'B' ? Dst::u8 : Dst::s8) : op.stage.dst;
+    const dt dst_type = !staged ? dt::s32 : out == Dst::u8 ? dt::u8 : out == Dst::s8 ? dt::s8 : dt::f32;
     // The float32 operand of a band's join (its output shape), its memory bound at each run
     const auto join_operand = [&](Band &band, const memory::dims &band_dst) {
         if (p->joined) band.other = memory(memory::desc(band_dst, dt::f32, channels_last_tag((int)band_dst.size())), cpu(), nullptr);
@@ -794,7 +803,7 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
     p->src_bytes = (size_t)bytes;
     p->zero_point = memory({{1}, dt::s32, tag::x}, cpu());
     const memory::desc one(memory::dims(dst_rank, 1), dt::f32, plain_tag(dst_rank));
-    if (staged) p->divisor = memory(one, cpu(), &op.stage.scale);
+    if (staged && op.stage.dst != Dst::f32) p->divisor = memory(one, cpu(), &op.stage.scale);
     if (p->joined) {
         p->join_scale = join->to.scale;
         p->join_divisor = memory(one, cpu(), &p->join_scale);
@@ -807,7 +816,7 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
         if (staged) {
             a[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = band.multiplier;
             if (band.bias) a[DNNL_ARG_BIAS] = band.bias;
-            a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->divisor_index) | DNNL_ARG_SRC_1] = p->divisor;
+            if (p->divisor) a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->divisor_index) | DNNL_ARG_SRC_1] = p->divisor;
         }
         if (p->joined) {
             a[DNNL_ARG_ATTR_MULTIPLE_POST_OP(p->other_index) | DNNL_ARG_SRC_1] = band.other;
@@ -1410,6 +1419,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     // Each band on a thread of lpt's pool, oneDNN on that thread alone: no OpenMP team to wake
     // (band_count); then its output stage on the same thread, its accumulators still in that core's cache.
     const int64_t bands = (int64_t)p.bands.size();
+    const size_t out_item = item_size(dst);
     lpt_parallel::run(std::min<int64_t>(bands, op.threads), bands, 1, [&](lpt_parallel::Chunks &chunks) {
         omp_set_num_threads(1);
         std::vector<float> x;
@@ -1419,7 +1429,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             band.src.set_data_handle(const_cast<uint8_t *>(data) + band.src_offset);
             // staged: 8-bit values into out (a channel band's into the scratch, whose columns are then copied)
             uint8_t *staged_to = p.channel_bands ? reinterpret_cast<uint8_t *>(acc_hi) : static_cast<uint8_t *>(out);
-            band.dst_hi.set_data_handle(p.staged ? static_cast<void *>(staged_to + band.dst_offset)
+            band.dst_hi.set_data_handle(p.staged ? static_cast<void *>(staged_to + band.dst_offset * out_item)
                                                  : static_cast<void *>(acc_hi + band.dst_offset));
             if (p.joined) {  // the other operand's values for this band's outputs, while they are to be read
                 const int64_t width = p.channel_bands ? band.channels : channels;
@@ -1438,10 +1448,10 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             thread_stream().wait();
             if (p.staged) {
                 if (p.channel_bands) {  // [positions][band.channels] into those columns of out [positions][OC]
-                    const uint8_t *from = staged_to + band.dst_offset;
+                    const uint8_t *from = staged_to + band.dst_offset * out_item;
                     for (int64_t r = 0; r < band.end_row; ++r)
-                        std::memcpy(static_cast<uint8_t *>(out) + r * channels + band.first_channel,
-                                    from + r * band.channels, band.channels);
+                        std::memcpy(static_cast<uint8_t *>(out) + (r * channels + band.first_channel) * out_item,
+                                    from + r * band.channels * out_item, band.channels * out_item);
                 } else if (bands > 1 && rows_done) {
                     (*rows_done)(band.first_row, band.end_row, 1);
                 }

@@ -73,7 +73,8 @@ def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
     ((Relu(),), 0.5, "u8s8", True),
     ((Clip(0.0, 6.0),), 0.5, "u8s8", True),
     ((LeakyRelu(0.1),), 0.5, "u8s8", True),
-    ((Relu(),), None, "u8s8", False),  # a float32 destination
+    ((Relu(),), None, "u8s8", True),  # a float32 destination
+    ((LeakyRelu(-0.5),), None, "u8s8", False),  # −0·slope would be +0 where lpt keeps −0
     ((Sigmoid(),), 0.5, "u8s8", False),  # lpt's own Sigmoid: oneDNN's would round otherwise
     ((Gelu(1.4142135, 1.0, 0.5),), 0.5, "u8s8", False),
     ((Relu(), Clip(0.0, 6.0)), 0.5, "u8s8", False),
@@ -81,8 +82,8 @@ def test_the_s16_route_hands_grouped_and_3d_convolutions_to_split():
     ((Relu(),), 0.5, "split", False),
 ])
 def test_onednn_applies_the_output_stages_it_computes_as_lpt_does(post_ops, dst_scale, route, staged):
-    """oneDNN's primitive applies an 8-bit output stage of a Relu, Clip, LeakyRelu or none, on route u8s8 (the
-    split route sums two passes first); lpt stages the others itself."""
+    """oneDNN's primitive applies an output stage of a Relu, Clip, LeakyRelu or none, on route u8s8 (the split
+    route sums two passes first); lpt stages the others itself."""
     if route not in routes.exact_routes():
         pytest.skip(f"route {route} is not exact on this CPU")
     conv = lpt.native.Conv(np.ones((8, 4, 3, 3), np.int8), post_ops=post_ops, dst_scale=dst_scale,
@@ -92,7 +93,8 @@ def test_onednn_applies_the_output_stages_it_computes_as_lpt_does(post_ops, dst_
 
 def test_few_products_per_output_take_s16_where_the_route_is_u8s8(monkeypatch):
     """A one-group layer of under 32 products per output (a 3×3 stem of 1 or 3 channels) runs on lpt's s16 where
-    the route is u8s8; wider reductions, depthwise layers and the other routes keep theirs."""
+    the route is u8s8 and oneDNN would not apply its output stage; wider reductions, depthwise layers and the
+    other routes keep theirs."""
     monkeypatch.setattr(routes, "exact_routes", lambda: ("u8s8", "s16", "split"))
     assert routes.conv_route("u8s8", 9, 1, 2) == "s16"
     assert routes.conv_route("u8s8", 27, 1, 1) == "s16"
@@ -106,13 +108,13 @@ def test_few_products_per_output_take_s16_where_the_route_is_u8s8(monkeypatch):
     stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1))
     assert stem.route == "u8s8"
     monkeypatch.setattr(routes, "exact_routes", lambda: ("u8s8", "s16", "split"))
-    stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1))
+    stem = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), post_ops=(Sigmoid(),))
     assert stem.route == "s16"
     assert stem.accumulate(np.full((1, 1, 3, 3), 2, np.uint8))[0, :, 1, 1].tolist() == [18] * 8
-    # where oneDNN applies the output stage itself (8-bit, a Relu), its u8s8 kernel is the faster
-    staged = lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), post_ops=(Relu(),), dst_scale=0.5,
-                             dst_dtype=np.uint8)
-    assert staged.route == "u8s8"
+    # where oneDNN applies the output stage itself (a Relu, or none), its u8s8 kernel is the faster
+    assert routes.conv_route("u8s8", 9, 1, 2, staged=True) == "u8s8"
+    for stage in ({}, dict(post_ops=(Relu(),), dst_scale=0.5, dst_dtype=np.uint8)):
+        assert lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), **stage).route == "u8s8"
     assert lpt.native.Conv(np.ones((8, 1, 3, 3), np.int8), route="u8s8").route == "u8s8"  # a route asked for
 
 
