@@ -633,7 +633,7 @@ memory::desc adopt(Band &band, const Descriptor &pd, std::string &impl) {
 // src dims: conv [N, C, *spatial], matmul [M, K]; zero_point: the u8 source's, as the primitive reads it
 // (an s8 source is read as q + 128). Whether there is one is part of the primitive; its value is set
 // at each run (execute), as a dynamic quantization gives a new one each run. `staged`: the primitives
-// write the output stage's 8-bit values (stages_in_onednn), not int32 accumulators.
+// write the output stage's values (stages_in_onednn), not int32 accumulators; `join`: and the join's after.
 std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_dims, int zero_point,
                                         bool channels_last_out, bool staged, const Join *join) {
     // A primitive keeps the thread count it was made under (oneDNN reads OpenMP's) and opens an OpenMP team
@@ -1335,11 +1335,6 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();
 }
 
-// One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
-// with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
-// src_zero_point: the operation's own, or one given at run time (py_run).
-// `rows_done`, where given, sees each band's rows once staged, on the thread that staged them (every row at
-// the end on route s16 and for a layer of one band).
 // x[r][c] = (f32(q[r][first + c]) − shift)·scale for `rows` rows of columns [first, first + width) of `channels`:
 // a join's other operand as its primitive reads it, with lpt_ops::join's operations.
 __attribute__((target_clones("avx2", "default"))) void dequantize_columns(const uint8_t *q, bool is_signed, int64_t rows,
@@ -1354,7 +1349,12 @@ __attribute__((target_clones("avx2", "default"))) void dequantize_columns(const 
     }
 }
 
-// `join`, on route u8s8 where stages_in_onednn holds: out is the join's output (Join), the layer's own never written.
+// One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
+// with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
+// src_zero_point: the operation's own, or one given at run time (py_run).
+// `rows_done`, where given, sees each band's rows once staged, on the thread that staged them (every row at
+// the end on route s16 and for a layer of one band). `join`, on route u8s8 where stages_in_onednn holds: out
+// is the join's output (Join), the layer's own never written.
 void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes,
              const RowsDone *rows_done = nullptr, const Join *join = nullptr) {
@@ -1427,7 +1427,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         for (int64_t b; chunks.next(b);) {
             Band &band = p.bands[b];
             band.src.set_data_handle(const_cast<uint8_t *>(data) + band.src_offset);
-            // staged: 8-bit values into out (a channel band's into the scratch, whose columns are then copied)
+            // staged: the output's values into out (a channel band's into the scratch, whose columns are then copied)
             uint8_t *staged_to = p.channel_bands ? reinterpret_cast<uint8_t *>(acc_hi) : static_cast<uint8_t *>(out);
             band.dst_hi.set_data_handle(p.staged ? static_cast<void *>(staged_to + band.dst_offset * out_item)
                                                  : static_cast<void *>(acc_hi + band.dst_offset));
