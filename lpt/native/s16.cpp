@@ -351,6 +351,32 @@ bool avx512_stage() {
     return on;
 }
 
+// store_quantized's constants, sixteen lanes per register.
+struct Quantizer512 {
+    __m512 scale, reciprocal, near_half, low, high, magic, zero_point;
+};
+
+__attribute__((target("avx512f"))) inline Quantizer512 quantizer_512(float scale, int zero_point, int qmin, int qmax) {
+    const Reciprocal r = reciprocal(scale, zero_point, qmin, qmax);
+    return {_mm512_set1_ps(scale), _mm512_set1_ps(r.value), _mm512_set1_ps(r.near_half),
+            _mm512_set1_ps((float)(qmin - zero_point)), _mm512_set1_ps((float)(qmax - zero_point)),
+            _mm512_set1_ps(12582912.0f), _mm512_set1_ps((float)zero_point)};
+}
+
+// store_quantized's levels of sixteen values as int32: rint(clamp(x / scale)) + zero_point, the product
+// with the reciprocal standing for the quotient where it gives the same integer (Reciprocal). 200 704
+// values on one thread of a Xeon: 29 µs, against 39 dividing; with eight lanes (store_quantized) the
+// checks cost what they save, so AVX2 divides.
+__attribute__((target("avx512f"))) inline __m512i levels_512(__m512 x, const Quantizer512 &q) {
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(x, q.reciprocal), q.low), q.high);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(y, q.magic), q.magic);  // rint(y), as level()
+    if (_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, n)), q.near_half, _CMP_GE_OQ)) {
+        const __m512 exact = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x, q.scale), q.low), q.high);
+        n = _mm512_sub_ps(_mm512_add_ps(exact, q.magic), q.magic);
+    }
+    return _mm512_cvttps_epi32(_mm512_add_ps(n, q.zero_point));  // integers: + zero_point is exact
+}
+
 // The 8-bit output stage of a layer whose one post-op is a GELU, sixteen channels per register and two
 // positions at a time: the operations of stage_values, lpt_exp::erf_lanes_n and store_quantized in the same
 // order, so each lane the same bits. Lanes past `valid` are neither read nor written.
@@ -359,10 +385,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const E
                                                                           int64_t acc_stride, int64_t count, int64_t c0,
                                                                           int64_t valid, T *out, int64_t out_stride) {
     const __mmask16 lanes = valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
-    const float magic = 12582912.0f;  // 1.5·2^23, as quantizer()
-    const __m512 scale = _mm512_set1_ps(e.scale), level_low = _mm512_set1_ps((float)(e.qmin - e.zero_point)),
-                 level_high = _mm512_set1_ps((float)(e.qmax - e.zero_point)), vmagic = _mm512_set1_ps(magic),
-                 magic_less_zero_point = _mm512_set1_ps(magic - (float)e.zero_point);
+    const Quantizer512 quantize = quantizer_512(e.scale, e.zero_point, e.qmin, e.qmax);
     const __m512 divisor = _mm512_set1_ps(e.post_ops[1]), gelu_one = _mm512_set1_ps(e.post_ops[2]),
                  half = _mm512_set1_ps(e.post_ops[3]);
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f),
@@ -401,9 +424,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const E
                                                     _mm512_and_si512(_mm512_castps_si512(erf[v]), sign)));
             y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(erf[v], erf[v], _CMP_UNORD_Q), erf[v]);
             x[v] = _mm512_mul_ps(_mm512_mul_ps(x[v], _mm512_add_ps(y, gelu_one)), half);
-            // store_quantized: x / scale clamped (max(NaN, low) is low), rounded half to even, + zero point
-            const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x[v], scale), level_low), level_high);
-            const __m512i level = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(q, vmagic), magic_less_zero_point));
+            const __m512i level = levels_512(x[v], quantize);
             const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(level) : _mm512_cvtsepi32_epi8(level);
             _mm_mask_storeu_epi8(out + (j + v) * out_stride, lanes, bytes);
         }
@@ -978,10 +999,31 @@ __attribute__((target("avx2"))) void quantize_values_typed(const float *x, int64
         store_quantized(_mm256_load_ps(rest), _mm256_load_ps(rest + 8), q, n - i, out + i);
     }
 }
+
+// quantize_values_typed's levels, sixteen lanes per register.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_values_512(const float *x, int64_t n,
+                                                                               const Quantizer512 &given, T *out) {
+    const Quantizer512 q = given;  // in registers: a store through `out` could alias `given`
+    for (int64_t i = 0; i < n; i += LANES) {
+        const __mmask16 lanes = n - i >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512i levels = levels_512(_mm512_maskz_loadu_ps(lanes, x + i), q);
+        const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(levels) : _mm512_cvtsepi32_epi8(levels);
+        _mm_mask_storeu_epi8(out + i, lanes, bytes);
+    }
+}
 }  // namespace
 
 __attribute__((target("avx2"))) void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin,
                                                      int qmax, bool signed_out, void *out) {
+    if (avx512_stage()) {
+        const Quantizer512 q = quantizer_512(scale, zero_point, qmin, qmax);
+        if (signed_out)
+            quantize_values_512(x, n, q, static_cast<int8_t *>(out));
+        else
+            quantize_values_512(x, n, q, static_cast<uint8_t *>(out));
+        return;
+    }
     const Quantizer q = quantizer(scale, zero_point, qmin, qmax);
     if (signed_out)
         quantize_values_typed(x, n, q, static_cast<int8_t *>(out));

@@ -50,8 +50,8 @@ def test_quantize_equals_lpts_quantize(seed, parameters):
 @pytest.mark.parametrize("zero_point, qmin, qmax", [(0, 0, 255), (128, 0, 255), (0, -128, 127), (-3, -127, 127)])
 def test_quantize_a_hair_from_half_levels_divides(zero_point, qmin, qmax):
     """Values one ulp either side of (k + 0.5)·scale for 40 scales, where x·(1/scale) and x / scale round apart
-    on a share of them: the engine's levels are the division's. (Multiplying where that is sure to give the same
-    levels, and dividing near half-levels, was measured on a Xeon: 65K values in 15 µs against the division's 14.)"""
+    on a share of them: the engine's levels are the division's. (With AVX-512 it multiplies where that is sure to give
+    the same level and divides within a margin of a half, lpt_s16::Reciprocal: without the margin this fails.)"""
     scales = (10 ** np.random.default_rng(qmax - zero_point).uniform(-4, 0.6, 40)).astype(np.float32)
     centres = [((np.arange(qmin - zero_point - 2, qmax - zero_point + 2) + 0.5) * scale).astype(np.float32)
                for scale in scales]
