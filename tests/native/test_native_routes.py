@@ -152,3 +152,46 @@ def test_off_turns_the_engine_off_and_says_so():
                             env={**os.environ, "LPT_ONEDNN": "off"})
     assert result.stdout.splitlines() == ["False None LPT_ONEDNN=off",
                                           "the native engine is not available: LPT_ONEDNN=off"]
+
+
+# Levels next to halves (test_native_matmul's halves test) from a matmul whose output stage oneDNN applies on
+# u8s8, computed with LPT_ONEDNN_STAGE as given: the reference's levels, the engine's, each quotient, and
+# the kernel that ran. Weights of 0 and 1 reach no int16 limit, so the accumulators are exact on any CPU.
+_HALVES = """
+import json, numpy as np, lpt.native
+from lpt.kernels.output_stage import output_stage
+scale, zero_point = np.float32(0.0373), 3
+acc = np.arange(-128, 128, dtype=np.int32)
+src = np.repeat((acc + 128).astype(np.uint8)[:, None], 2, axis=1)
+multiplier = (np.float32(scale / 2).view(np.int32) + np.arange(-24, 24, dtype=np.int32)).view(np.float32)
+weights = np.zeros((2, multiplier.size), np.int8)
+weights[0] = 1
+matmul = lpt.native.MatMul(weights, src_zero_point=128, route="u8s8", threads=1, multiplier=multiplier,
+                           dst_scale=scale, dst_zero_point=zero_point, dst_dtype=np.uint8)
+got = matmul(src)
+accumulators = acc[:, None] * np.ones(multiplier.size, np.int32)
+expected = output_stage(accumulators, multiplier, None, (), scale, zero_point, 0, 255, axis=-1)
+quotients = (accumulators.astype(np.float32) * multiplier).astype(np.float64) / np.float64(scale)
+print(json.dumps(dict(got=got.tolist(), expected=expected.tolist(), quotients=quotients.tolist(),
+                      implementation=matmul.implementation)))
+"""
+
+
+def test_a_reciprocal_stage_moves_levels_next_to_a_half_by_one_at_most():
+    """LPT_ONEDNN_STAGE=reciprocal: oneDNN multiplies by 1/s where lpt divides by s (OpenVINO's way, faster).
+    Levels may then differ from lpt's, by one, and only where the quotient lies next to a half."""
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _HALVES], capture_output=True, text=True, check=True,
+                            env={**os.environ, "LPT_ONEDNN_STAGE": "reciprocal"})
+    run = json.loads(result.stdout)
+    got, expected, quotients = (np.array(run[k]) for k in ("got", "expected", "quotients"))
+    moved = got != expected
+    assert np.abs(got - expected).max() <= 1
+    assert np.all(np.abs(np.abs(quotients[moved] - np.floor(quotients[moved])) - 0.5) < 1e-4)
+    if "ref" not in run["implementation"]:  # oneDNN's reference kernels leave the stage to lpt
+        assert moved.any()
+    exact = subprocess.run([sys.executable, "-c", _HALVES], capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "LPT_ONEDNN_STAGE"})
+    run = json.loads(exact.stdout)
+    assert run["got"] == run["expected"]
