@@ -528,8 +528,8 @@ bool onednn_can_stage(const Operation &op) {
 
 // LPT_ONEDNN_STAGE=reciprocal: the primitive multiplies by RN(1/s) where it divides by s, as OpenVINO's
 // int8 layers and oneDNN's destination scales do. Not exact: a value whose quotient lies next to a half can
-// round to the neighbouring level (1 LSB). ResNet-18 on a Xeon with AMX, 2 threads: about 7% faster, the
-// division's 10 cycles per 16 values gone from each staged layer (its output and a join's).
+// round to the neighbouring level (1 LSB). The division takes 10 cycles per 16 values in each staged layer
+// (twice with a join); ResNet-18 on a Xeon with AMX, 2 threads: 1.00-1.04x OpenVINO's int8 so, 1.03-1.09x exact.
 bool reciprocal_stage() {
     static const bool on = [] {
         const char *v = std::getenv("LPT_ONEDNN_STAGE");
