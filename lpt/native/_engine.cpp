@@ -884,6 +884,11 @@ void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t 
     lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1,
                            images * blocks, [=](int64_t t) {
         const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
+        if (channels == 3 && lpt_s16::supported()) {  // an RGB image: a network's stem, byte by byte 2% of ResNet-18's time
+            lpt_s16::interleave_three_planes(src + n * 3 * positions + p0, positions, count, flip,
+                                             dst + (n * positions + p0) * 3);
+            return;
+        }
         for (int64_t c = 0; c < channels; ++c) {
             const uint8_t *from = src + (n * channels + c) * positions + p0;
             uint8_t *to = dst + (n * positions + p0) * channels + c;

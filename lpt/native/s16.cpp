@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1029,6 +1030,35 @@ __attribute__((target("avx2"))) void quantize_values(const float *x, int64_t n, 
         quantize_values_typed(x, n, q, static_cast<int8_t *>(out));
     else
         quantize_values_typed(x, n, q, static_cast<uint8_t *>(out));
+}
+
+__attribute__((target("avx2"))) void interleave_three_planes(const uint8_t *planes, int64_t plane_stride,
+                                                              int64_t count, uint8_t flip, uint8_t *out) {
+    // select[k][c]: for output byte j of the k-th sixteen, the position 16k + j holds channel (16k + j) % 3
+    // of position (16k + j) / 3: that byte of plane c, or zero (0x80) where it is another plane's
+    static const auto select = [] {
+        std::array<std::array<std::array<int8_t, 16>, 3>, 3> table{};
+        for (int k = 0; k < 3; ++k)
+            for (int j = 0; j < 16; ++j)
+                for (int c = 0; c < 3; ++c)
+                    table[k][c][j] = (16 * k + j) % 3 == c ? (int8_t)((16 * k + j) / 3) : (int8_t)0x80;
+        return table;
+    }();
+    const __m128i flips = _mm_set1_epi8((char)flip);
+    int64_t p = 0;
+    for (; p + 16 <= count; p += 16) {
+        __m128i plane[3];
+        for (int c = 0; c < 3; ++c)
+            plane[c] = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i *>(planes + c * plane_stride + p)), flips);
+        for (int k = 0; k < 3; ++k) {
+            __m128i bytes = _mm_setzero_si128();
+            for (int c = 0; c < 3; ++c)
+                bytes = _mm_or_si128(bytes, _mm_shuffle_epi8(plane[c], _mm_loadu_si128(reinterpret_cast<const __m128i *>(select[k][c].data()))));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(out + 3 * p + 16 * k), bytes);
+        }
+    }
+    for (; p < count; ++p)
+        for (int c = 0; c < 3; ++c) out[3 * p + c] = planes[c * plane_stride + p] ^ flip;
 }
 
 __attribute__((target("avx2"))) void pack_product_operand(const uint8_t *b, bool b_signed, int zero_point, int64_t k,

@@ -149,6 +149,10 @@ inline Reciprocal reciprocal(float scale, int zero_point, int qmin, int qmax) {
 void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, bool signed_out,
                      void *out);
 
+// out[3p + c] = planes[c·plane_stride + p] ^ flip for p < count, c < 3: a three-channel image's planes
+// into channels-last, sixteen positions per shuffle instead of a byte at a time. Needs AVX2.
+void interleave_three_planes(const uint8_t *planes, int64_t plane_stride, int64_t count, uint8_t flip, uint8_t *out);
+
 // Products of two activations (lpt.native.Product), a [M, K] × b [K, N] per batch: b − zb packed as int16
 // pairs along K, [ceil(K/2)][N rounded up to 8][2], zeros past K and N; each row of a − za as ceil(K/2)
 // int16 pairs. vpmaddwd adds each pair of products (at most 2·255·255) in int32: exact, as

@@ -427,3 +427,21 @@ def test_a_gelu_into_uint8_in_both_layouts(route):
                                 np.int32(destination.get("dst_zero_point", 0)), 0, 255)
         assert same_bits(conv(src), expected)
         assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+
+
+@pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # s16 widens by itself
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("images, side", [(1, 9), (2, 23)])  # 81 and 529 positions: sixteens and a tail
+def test_a_three_channel_image_goes_channels_last_as_any_other(route, dtype, images, side):
+    """An RGB stem's channels-first source is interleaved sixteen positions at a time (an s8 one flipped to
+    u8 on the way); the sums are the reference's, as from the same source given channels-last."""
+    rng = np.random.default_rng(side)
+    info = np.iinfo(dtype)
+    src = rng.integers(info.min, info.max + 1, (images, 3, side, side)).astype(dtype)
+    weights = rng.integers(-128, 128, (5, 3, 3, 3)).astype(np.int8)
+    zero_point = 7 if dtype == np.uint8 else -9
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, pads=(1, 1, 1, 1))
+    expected = conv_reference(src, weights, zero_point, pads=(1, 1, 1, 1))
+    assert np.array_equal(conv.accumulate(src), expected)
+    lying_channels_last = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)  # read in place
+    assert np.array_equal(conv.accumulate(lying_channels_last), expected)
