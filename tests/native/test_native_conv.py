@@ -316,6 +316,25 @@ def test_each_band_is_staged_by_the_thread_that_computed_it(route, images, size)
     assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
 
 
+@pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))
+@pytest.mark.parametrize("dst_dtype", [np.uint8, None])
+def test_a_depthwise_layer_of_a_recognizer_runs_in_bands_as_in_one(route, dst_dtype):
+    """A depthwise product counts as eight dense ones in the choice of bands: the PaddleOCR recognizer's 192-channel
+    3×3 over 6×80 (0.83 M products) runs in two bands of three rows, each reading the row beyond it; the NumPy bits,
+    into 8 bits and into float32."""
+    rng = np.random.default_rng(6)
+    weights = rng.integers(-128, 128, (192, 1, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 256, (1, 192, 6, 80)).astype(np.uint8)
+    stage = dict(multiplier=rng.uniform(2e-4, 6e-4, 192).astype(np.float32), bias=rng.normal(0, 0.5, 192).astype(np.float32))
+    if dst_dtype is not None:
+        stage.update(post_ops=(Relu(),), dst_scale=np.float32(0.02), dst_zero_point=np.int32(0))
+    conv = lpt.native.Conv(weights, groups=192, pads=(1, 1, 1, 1), src_zero_point=100, route=route, threads=2,
+                           dst_dtype=dst_dtype, **stage)
+    acc = conv_reference(src, weights, 100, groups=192, pads=[1, 1, 1, 1]).astype(np.int32)
+    expected = output_stage(acc, qmin=0, qmax=255, **stage) if dst_dtype else output_stage(acc, **stage)
+    assert same_bits(conv(src), expected)
+
+
 @pytest.mark.parametrize("out_channels", [256, 200])
 def test_a_deep_layer_of_few_positions_splits_its_output_channels(out_channels):
     """Weights of 256 KB and more that outweigh the accumulators (a deep layer over 6×6): on route u8s8 each thread
