@@ -536,7 +536,7 @@ bool onednn_can_stage(const Operation &op) {
 // LPT_ONEDNN_STAGE=reciprocal: the primitive multiplies by RN(1/s) where it divides by s, as OpenVINO's
 // int8 layers and oneDNN's destination scales do. Not exact: a value whose quotient lies next to a half can
 // round to the neighbouring level (1 LSB). The division takes 10 cycles per 16 values in each staged layer
-// (twice with a join); ResNet-18 on a Xeon with AMX, 2 threads: 1.00-1.04x OpenVINO's int8 so, 1.03-1.09x exact.
+// (twice with a join); ResNet-18 on a Xeon with AMX, 2 threads: 0.98-1.01x OpenVINO's int8 so, 1.05-1.10x exact.
 bool reciprocal_stage() {
     static const bool on = [] {
         const char *v = std::getenv("LPT_ONEDNN_STAGE");
@@ -891,7 +891,7 @@ void to_channels_last(const uint8_t *src, uint8_t *dst, int64_t images, int64_t 
     lpt_parallel::for_each(images * positions * channels >= PARALLEL_WORK ? threads : 1,
                            images * blocks, [=](int64_t t) {
         const int64_t n = t / blocks, p0 = (t % blocks) * BLOCK, count = std::min(BLOCK, positions - p0);
-        if (channels == 3 && lpt_s16::supported()) {  // an RGB image: a network's stem, byte by byte 2% of ResNet-18's time
+        if (channels == 3 && lpt_s16::supported()) {  // an RGB image (a stem): byte by byte, 2% of ResNet-18's time
             lpt_s16::interleave_three_planes(src + n * 3 * positions + p0, positions, count, flip,
                                              dst + (n * positions + p0) * 3);
             return;

@@ -1,8 +1,6 @@
 // lpt's own exact int8 convolution for CPUs without VNNI (route "s16"): lpt/native/s16.cpp.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -124,25 +122,6 @@ void stage_rows(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t
 // output channels).
 void stage_columns(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
                    int64_t channels, int64_t acc_stride, void *out, int64_t out_stride);
-
-// rint(clamp(x / scale, low, high)) (low = qmin − zero_point, high = qmax − zero_point) from a product
-// where that gives the same integer (vdivps takes 10 cycles per 16 lanes on an Intel core). With
-// r = RN(1/scale), y' = RN(x·r) and y = RN(x / scale), |y' − y| ≤ |x / scale|·(3·2^-24 + 2^-48) (three
-// roundings), below 3.02·2^-24·bound where y' lies in [low, high] and bound = max(|low|, |high|, 1) (near
-// zero a subnormal's absolute error is far smaller). So where y' is at less than near_half =
-// 1/2 − 2^-21·bound from its nearest integer n, y is too, and no half lies between them: rint(y) = n.
-// Where y' is clamped, y lies beyond the same bound's half. Otherwise (a share of about 2^-20·bound of
-// the values, those next to a half) the quotient is computed. A scale whose reciprocal is not a normal
-// float divides always (near_half −1).
-struct Reciprocal {
-    float value, near_half;
-};
-inline Reciprocal reciprocal(float scale, int zero_point, int qmin, int qmax) {
-    const float r = 1.0f / scale;
-    if (!(std::isnormal(scale) && std::isnormal(r))) return {0.0f, -1.0f};
-    const float bound = std::max({std::fabs((float)(qmin - zero_point)), std::fabs((float)(qmax - zero_point)), 1.0f});
-    return {r, 0.5f - bound * 0x1p-21f};
-}
 
 // out[i] = saturate(rint(x[i] / scale) + zero_point) in [qmin, qmax], int8 or uint8: the output stage's last
 // step, and lpt's QuantizeLinear (lpt.kernels.quantize), sixteen values at a time. Needs AVX2.
