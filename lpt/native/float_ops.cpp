@@ -640,6 +640,53 @@ __attribute__((target("avx2"))) void dense_tile_avx2(const float *const *row, in
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(s[r] + 8 * h, sums[r][h]);
 }
 
+// Two blocks of columns (the second's weights `second` and sums t, or none: a last odd block) with sixteen
+// columns per AVX-512 register, the same operations in the same order: twelve sums in flight, each add
+// waiting for the one before. Products and adds apart (no FMA: lpt's order of roundings) keep it at about
+// 16 products a cycle. oww_melspectrogram's STFT shape, 5 frames × 512 → 257 columns, on a Xeon with
+// AMX: 14.1 µs on one thread against 17.0 with AVX2, 8.2 against 11.0 on two.
+template <int R>
+__attribute__((target("avx512f"))) void dense_tiles_512(const float *const *row, int64_t k, const float *first,
+                                                        const float *second, float (*s)[DENSE_COLUMNS],
+                                                        float (*t)[DENSE_COLUMNS]) {
+    // named, not arrays: see dense_tile_avx2
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+    const bool two = second != nullptr;
+    for (int64_t i = 0; i < k; ++i) {
+        const __m512 v = _mm512_loadu_ps(first + i * DENSE_COLUMNS),
+                     w = two ? _mm512_loadu_ps(second + i * DENSE_COLUMNS) : v;
+        const auto step = [&](__m512 &low, __m512 &high, const float *x) __attribute__((always_inline, target("avx512f"))) {
+            const __m512 value = _mm512_set1_ps(x[i]);
+            low = _mm512_add_ps(low, _mm512_mul_ps(value, v));
+            if (two) high = _mm512_add_ps(high, _mm512_mul_ps(value, w));
+        };
+        step(a0, b0, row[0]);
+        if (R > 1) step(a1, b1, row[1]);
+        if (R > 2) step(a2, b2, row[2]);
+        if (R > 3) step(a3, b3, row[3]);
+        if (R > 4) step(a4, b4, row[4]);
+        if (R > 5) step(a5, b5, row[5]);
+    }
+    const __m512 sums[DENSE_ROWS][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4}, {a5, b5}};
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(s[r], sums[r][0]);
+        if (two) _mm512_storeu_ps(t[r], sums[r][1]);
+    }
+}
+
+void dense_tiles_wide(const float *const *row, int rows, int64_t k, const float *first, const float *second,
+                      float (*s)[DENSE_COLUMNS], float (*t)[DENSE_COLUMNS]) {
+    switch (rows) {
+        case 1: return dense_tiles_512<1>(row, k, first, second, s, t);
+        case 2: return dense_tiles_512<2>(row, k, first, second, s, t);
+        case 3: return dense_tiles_512<3>(row, k, first, second, s, t);
+        case 4: return dense_tiles_512<4>(row, k, first, second, s, t);
+        case 5: return dense_tiles_512<5>(row, k, first, second, s, t);
+        default: return dense_tiles_512<DENSE_ROWS>(row, k, first, second, s, t);
+    }
+}
+
 void dense_tile(const float *const *row, int rows, int64_t k, const float *block, float (*s)[DENSE_COLUMNS], bool avx2) {
     if (avx2) {
         switch (rows) {
@@ -671,21 +718,28 @@ std::vector<float> pack_dense_weights(const float *w, int64_t k, int64_t n) {
 
 void dense(const float *a, int64_t groups, int64_t group_step, int64_t rows, int64_t row_step, int64_t k,
            const float *packed, int64_t n, const float *bias, bool columns_first, float *out, int threads) {
-    const bool avx2 = eight_lanes();
+    const bool avx2 = eight_lanes(), wide = avx2 && lpt_s16::sixteen_lanes();
     const int64_t tiles = (rows + DENSE_ROWS - 1) / DENSE_ROWS, blocks = (n + DENSE_COLUMNS - 1) / DENSE_COLUMNS;
+    const int64_t per_unit = wide ? 2 : 1, units = (blocks + per_unit - 1) / per_unit;  // blocks of columns a unit takes
     const int64_t work = groups * rows * k * n;
-    lpt_parallel::for_each(work >= PARALLEL_WORK ? threads : 1, groups * tiles * blocks, [=](int64_t unit) {
-        // a block of weights, then each tile of rows by it: the block stays in the core's caches
-        const int64_t b = unit / (groups * tiles), g = unit / tiles % groups, tile = unit % tiles;
+    lpt_parallel::for_each(work >= PARALLEL_WORK ? threads : 1, groups * tiles * units, [=](int64_t unit) {
+        // a unit's blocks of weights, then each tile of rows by them: they stay in the core's caches
+        const int64_t b = unit / (groups * tiles) * per_unit, g = unit / tiles % groups, tile = unit % tiles;
         const int64_t first = tile * DENSE_ROWS, count = std::min<int64_t>(DENSE_ROWS, rows - first);
         const float *row[DENSE_ROWS];
         for (int64_t r = 0; r < count; ++r) row[r] = a + g * group_step + (first + r) * row_step;
-        float s[DENSE_ROWS][DENSE_COLUMNS];
-        dense_tile(row, (int)count, k, packed + b * k * DENSE_COLUMNS, s, avx2);
+        float s[2][DENSE_ROWS][DENSE_COLUMNS];
+        const int64_t done = std::min(per_unit, blocks - b);
+        if (wide)
+            dense_tiles_wide(row, (int)count, k, packed + b * k * DENSE_COLUMNS,
+                             done == 2 ? packed + (b + 1) * k * DENSE_COLUMNS : nullptr, s[0], s[1]);
+        else
+            dense_tile(row, (int)count, k, packed + b * k * DENSE_COLUMNS, s[0], avx2);
         float *o = out + g * rows * n;
-        for (int64_t j = 0, c = b * DENSE_COLUMNS; j < DENSE_COLUMNS && c < n; ++j, ++c)
+        for (int64_t j = 0, c = b * DENSE_COLUMNS; j < done * DENSE_COLUMNS && c < n; ++j, ++c)
             for (int64_t r = 0; r < count; ++r) {
-                const float value = bias ? s[r][j] + bias[c] : s[r][j];
+                const float sum = s[j / DENSE_COLUMNS][r][j % DENSE_COLUMNS];
+                const float value = bias ? sum + bias[c] : sum;
                 o[columns_first ? c * rows + first + r : (first + r) * n + c] = value;
             }
     });

@@ -340,17 +340,6 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
     }
 }
 
-// Whether the GELU stage takes sixteen channels per AVX-512 register (gelu_stage_512): an Intel CPU since
-// Skylake-SP, an AMD one since Zen 4. LPT_AVX512=off keeps AVX2, as on a CPU without AVX-512, so that
-// one machine tests both.
-bool avx512_stage() {
-    static const bool on = [] {
-        const char *forced = std::getenv("LPT_AVX512");
-        return !(forced && std::strcmp(forced, "off") == 0) && __builtin_cpu_supports("avx512f") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    }();
-    return on;
-}
 
 // rint(clamp(x / scale, low, high)) (low = qmin − zero_point, high = qmax − zero_point) from a product
 // where that gives the same integer (vdivps takes 10 cycles per 16 lanes on an Intel core). With
@@ -474,7 +463,7 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
             clipped(e, acc, acc_stride, count, c0, valid, out, out_stride);
             return;
         }
-        if (e.post_op_count == 1 && e.post_ops[0] == GELU && avx512_stage()) {
+        if (e.post_op_count == 1 && e.post_ops[0] == GELU && sixteen_lanes()) {
             gelu_stage_512<T>(e, acc, acc_stride, count, c0, valid, out, out_stride);
             return;
         }
@@ -533,6 +522,15 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
 }  // namespace
 
 bool supported() { return __builtin_cpu_supports("avx2"); }
+
+bool sixteen_lanes() {
+    static const bool on = [] {
+        const char *forced = std::getenv("LPT_AVX512");
+        return !(forced && std::strcmp(forced, "off") == 0) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    }();
+    return on;
+}
 
 PackedWeights pack_weights(const int8_t *weights, const Geometry &g) {
     // value v of a kernel row's run is channel v % c2 of kernel column v / c2
@@ -1043,7 +1041,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_values_512(co
 
 __attribute__((target("avx2"))) void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin,
                                                      int qmax, bool signed_out, void *out) {
-    if (avx512_stage()) {
+    if (sixteen_lanes()) {
         const Quantizer512 q = quantizer_512(scale, zero_point, qmin, qmax);
         if (signed_out)
             quantize_values_512(x, n, q, static_cast<int8_t *>(out));

@@ -26,6 +26,10 @@ struct Geometry {
 };
 
 bool supported();  // the CPU has AVX2
+// Whether kernels may take sixteen float32 lanes per AVX-512 register (the GELU stage, quantize_values,
+// lpt_ops::dense): an Intel CPU since Skylake-SP, an AMD one since Zen 4. LPT_AVX512=off keeps AVX2, as on
+// a CPU without AVX-512, so that one machine tests both.
+bool sixteen_lanes();
 
 // Memory on 64-byte boundaries: each step of the kernel loads 64 bytes of weights, one cache line
 // instead of parts of two.
