@@ -294,6 +294,39 @@ void one_hot(const void *v, bool wide, int64_t rows, const int64_t *table, int64
     });
 }
 
+// sum[c] = rows[0][c] + rows[1][c] + … in row order, for c < width ≤ SUM_BLOCK, rows `stride` apart: a block of
+// channels-last channels whose sums stay in registers through all the rows where the width is a multiple of
+// 8 (sums in a std::vector waited for their own stores at every row: 96 channels of 160×160 took 0.63 ms on
+// two threads so, 0.40 in a local array of any width, 0.37 with the width a constant).
+constexpr int64_t SUM_BLOCK = 64;
+template <int64_t W>
+__attribute__((always_inline)) inline void add_rows_of(const float *rows, int64_t stride, int64_t count, float *sum) {
+    float s[W];
+    std::copy(rows, rows + W, s);
+    for (int64_t p = 1; p < count; ++p)
+        for (int64_t c = 0; c < W; ++c) s[c] = s[c] + rows[p * stride + c];
+    std::copy(s, s + W, sum);
+}
+
+__attribute__((target_clones("avx2", "default"))) void add_rows(const float *rows, int64_t stride, int64_t count,
+                                                                int64_t width, float *sum) {
+    switch (width % 8 == 0 ? width / 8 : 0) {
+        case 1: return add_rows_of<8>(rows, stride, count, sum);
+        case 2: return add_rows_of<16>(rows, stride, count, sum);
+        case 3: return add_rows_of<24>(rows, stride, count, sum);
+        case 4: return add_rows_of<32>(rows, stride, count, sum);
+        case 5: return add_rows_of<40>(rows, stride, count, sum);
+        case 6: return add_rows_of<48>(rows, stride, count, sum);
+        case 7: return add_rows_of<56>(rows, stride, count, sum);
+        case 8: return add_rows_of<64>(rows, stride, count, sum);
+    }
+    float s[SUM_BLOCK];
+    std::copy(rows, rows + width, s);
+    for (int64_t p = 1; p < count; ++p)
+        for (int64_t c = 0; c < width; ++c) s[c] = s[c] + rows[p * stride + c];
+    std::copy(s, s + width, sum);
+}
+
 void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t positions, bool channels_last,
                        float *out, int threads) {
     // Images and, for fewer images than threads, each image's channels in one part per thread, added in a
@@ -308,13 +341,21 @@ void mean_of_positions(const float *x, int64_t images, int64_t channels, int64_t
         std::vector<float> sum(width, 0.0f);  // 0 / 0 for an empty map: NaN, as numpy
         if (positions > 0 && channels_last) {  // position by position, each channel's sum in the same order as below
             const float *in = x + n * positions * channels + c0;
-            std::copy(in, in + width, sum.data());
-            for (int64_t p = 1; p < positions; ++p) {
-                const float *row = in + p * channels;
-                for (int64_t c = 0; c < width; ++c) sum[c] = sum[c] + row[c];
-            }
+            for (int64_t c = 0; c < width; c += SUM_BLOCK)
+                add_rows(in + c, channels, positions, std::min(SUM_BLOCK, width - c), sum.data() + c);
         } else if (positions > 0) {
-            for (int64_t c = 0; c < width; ++c) {
+            // eight channels at once: each sum waits for its last add, eight sums need not wait for each other
+            // (96 channels of 160×160 on one thread: 1.18 ms a channel at a time)
+            int64_t c = 0;
+            for (; c + 8 <= width; c += 8) {
+                const float *in = x + (n * channels + c0 + c) * positions;
+                float s[8];
+                for (int j = 0; j < 8; ++j) s[j] = in[j * positions];
+                for (int64_t p = 1; p < positions; ++p)
+                    for (int j = 0; j < 8; ++j) s[j] = s[j] + in[j * positions + p];
+                std::copy(s, s + 8, sum.data() + c);
+            }
+            for (; c < width; ++c) {
                 const float *in = x + (n * channels + c0 + c) * positions;
                 float s = in[0];
                 for (int64_t p = 1; p < positions; ++p) s = s + in[p];
