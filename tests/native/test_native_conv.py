@@ -448,6 +448,33 @@ def test_a_gelu_into_uint8_in_both_layouts(route):
         assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dst_dtype, dst_zero_point", [(np.uint8, 0), (np.uint8, 200), (np.int8, -5)])
+def test_a_gelu_stage_at_its_extremes(route, dst_dtype, dst_zero_point):
+    """The GELU stage where its levels clamp at both ends, where erf's argument passes 4 and float32's range
+    (a multiplier of 1e34 makes x infinite, and a bias of −inf then NaN), and in blocks of positions and a
+    tail of 1 to 3: every level that of lpt's NumPy stage, channels-first and channels-last."""
+    rng = np.random.default_rng(dst_zero_point + 7)
+    weights = rng.integers(-128, 128, (37, 5, 3, 3)).astype(np.int8)
+    multiplier = rng.choice(np.array([1e-5, 1e-3, 0.05, 1e34], np.float32), 37)
+    bias = rng.normal(0, 3, 37).astype(np.float32)
+    bias[:3] = [np.inf, -np.inf, 0.0]
+    multiplier[:3] = 1e34
+    for side in (5, 6, 7):  # 25, 36 and 49 positions per image: no tail, and tails of 1 and 3 (with two images)
+        src = rng.integers(0, 256, (2, 5, side, side)).astype(np.uint8)
+        conv = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=128, multiplier=multiplier, bias=bias,
+                               post_ops=(GELU,), dst_scale=np.float32(0.013), dst_zero_point=dst_zero_point,
+                               dst_dtype=dst_dtype, route=route, threads=2)
+        acc = conv_reference(src, weights, 128, pads=[1, 1, 1, 1]).astype(np.int32)
+        info = np.iinfo(dst_dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = output_stage(acc, multiplier, bias, (GELU,), np.float32(0.013), np.int32(dst_zero_point),
+                                    info.min, info.max)
+        assert {info.min, info.max} <= set(np.unique(expected).tolist())
+        assert same_bits(conv(src), expected)
+        assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+
+
 @pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # s16 widens by itself
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("images, side", [(1, 9), (2, 23)])  # 81 and 529 positions: sixteens and a tail
