@@ -475,6 +475,32 @@ def test_a_gelu_stage_at_its_extremes(route, dst_dtype, dst_zero_point):
         assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("post_ops", [(), (Relu(),), (Clip(0.5, 6.0),)], ids=["none", "relu", "clip"])
+def test_channels_of_zero_weights_and_subnormal_biases(route, post_ops):
+    """Dead channels (zero weights) whose biases are subnormal, as in PaddleOCR's detector: into 8 bits
+    (where oneDNN stages them with subnormals taken as zero) every level is the reference's; into float32
+    the subnormal values themselves come out, as IEEE arithmetic gives them."""
+    rng = np.random.default_rng(41)
+    weights = rng.integers(-128, 128, (48, 16, 1, 1)).astype(np.int8)
+    dead = rng.choice(48, 20, replace=False)
+    weights[dead] = 0
+    bias = rng.normal(0, 0.5, 48).astype(np.float32)
+    bias[dead] = rng.choice(np.array([1e-41, -3e-40, 2e-45, 0.0], np.float32), 20)
+    multiplier = np.float32(2e-4)
+    src = rng.integers(0, 256, (1, 16, 20, 20)).astype(np.uint8)
+    acc = conv_reference(src, weights, 128).astype(np.int32)
+    for destination in [dict(), dict(dst_scale=np.float32(0.01), dst_zero_point=3, dst_dtype=np.uint8)]:
+        conv = lpt.native.Conv(weights, src_zero_point=128, multiplier=multiplier, bias=bias, post_ops=post_ops,
+                               route=route, threads=2, **destination)
+        expected = output_stage(acc, multiplier, bias, post_ops, destination.get("dst_scale"),
+                                np.int32(destination.get("dst_zero_point", 0)), 0, 255)
+        assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+        assert same_bits(conv(src), expected)
+        if not destination and not post_ops:  # the float32 outputs hold the subnormal biases themselves
+            assert np.any((expected != 0) & (np.abs(expected) < np.finfo(np.float32).tiny))
+
+
 @pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # s16 widens by itself
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("images, side", [(1, 9), (2, 23)])  # 81 and 529 positions: sixteens and a tail
