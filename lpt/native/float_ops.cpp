@@ -464,44 +464,90 @@ struct QuantizedValues {
     }
 };
 
+// The values [start, start + count) of a chain's later steps, on o in place.
+template <char OP>
+void step_values(float *o, const float *operand, bool operand_first, int64_t count) {
+    if (operand_first)
+        for (int64_t i = 0; i < count; ++i) o[i] = apply<OP>(operand[i], o[i]);
+    else
+        for (int64_t i = 0; i < count; ++i) o[i] = apply<OP>(o[i], operand[i]);
+}
+
+void chain_steps(float *o, const std::vector<ChainStep> &steps, int64_t start, int64_t count) {
+    for (const ChainStep &s : steps) {
+        const float *v = s.operand + start;
+        switch (s.op) {
+            case '*': step_values<'*'>(o, v, s.operand_first, count); break;
+            case '+': step_values<'+'>(o, v, s.operand_first, count); break;
+            case '-': step_values<'-'>(o, v, s.operand_first, count); break;
+            default: step_values<'/'>(o, v, s.operand_first, count); break;
+        }
+    }
+}
+
+// big ∘ small over its rows (lpt_ops::binary's arguments), then `steps` on each run of values while it is in
+// the core's cache, then the sink.
 template <char OP, typename Sink>
 void binary_op(const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
-               int64_t positions, bool channels_last, int threads, const Sink &sink) {
+               int64_t positions, bool channels_last, int threads, const Sink &sink,
+               const std::vector<ChainStep> *steps = nullptr) {
     auto combine = [small_first](float b, float s) { return small_first ? apply<OP>(s, b) : apply<OP>(b, s); };
     if (channels <= 0) {  // elementwise, or one value
         each_block(images * positions, threads, [=](int64_t start, int64_t count) {
             float *o = sink.values(start, count);
             for (int64_t i = 0; i < count; ++i) o[i] = combine(big[start + i], channels == 0 ? small[start + i] : small[0]);
+            if (steps) chain_steps(o, *steps, start, count);
             sink.done(o, start, count);
         });
         return;
     }
+    // Rows of one small value per channel, as many to a task as make about BLOCK values: a row at a time,
+    // the sink's and the steps' work per call (a quantize's constants, a thread's buffer) came at every
+    // 96 values of the detector's channels-last rows.
     const int64_t rows = images * (channels_last ? positions : channels), width = channels_last ? channels : positions;
-    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? threads : 1, rows, [=](int64_t r) {
-        const float *b = big + r * width;
-        float *o = sink.values(r * width, width);
-        if (channels_last) {  // a row of channels: small's row for the image
-            const float *s = small + r / positions * channels;
-            for (int64_t c = 0; c < width; ++c) o[c] = combine(b[c], s[c]);
-        } else {  // a row of positions: one channel's value
-            const float s = small[r];
-            for (int64_t p = 0; p < width; ++p) o[p] = combine(b[p], s);
+    const int64_t per_task = std::max<int64_t>(1, BLOCK / std::max<int64_t>(width, 1));
+    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? threads : 1, (rows + per_task - 1) / per_task, [=](int64_t t) {
+        const int64_t first = t * per_task, count = std::min(per_task, rows - first);
+        float *o = sink.values(first * width, count * width);
+        for (int64_t r = first; r < first + count; ++r) {
+            const float *b = big + r * width;
+            float *row = o + (r - first) * width;
+            if (channels_last) {  // a row of channels: small's row for the image
+                const float *s = small + r / positions * channels;
+                for (int64_t c = 0; c < width; ++c) row[c] = combine(b[c], s[c]);
+            } else {  // a row of positions: one channel's value
+                const float s = small[r];
+                for (int64_t p = 0; p < width; ++p) row[p] = combine(b[p], s);
+            }
         }
-        sink.done(o, r * width, width);
+        if (steps) chain_steps(o, *steps, first * width, count * width);
+        sink.done(o, first * width, count * width);
     });
 }
 
 template <typename Sink>
 void binary_to(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
-               int64_t positions, bool channels_last, int threads, const Sink &sink) {
+               int64_t positions, bool channels_last, int threads, const Sink &sink,
+               const std::vector<ChainStep> *steps = nullptr) {
     switch (op) {
-        case '*': return binary_op<'*'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
-        case '+': return binary_op<'+'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
-        case '-': return binary_op<'-'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
-        default: return binary_op<'/'>(big, small, small_first, images, channels, positions, channels_last, threads, sink);
+        case '*': return binary_op<'*'>(big, small, small_first, images, channels, positions, channels_last, threads, sink, steps);
+        case '+': return binary_op<'+'>(big, small, small_first, images, channels, positions, channels_last, threads, sink, steps);
+        case '-': return binary_op<'-'>(big, small, small_first, images, channels, positions, channels_last, threads, sink, steps);
+        default: return binary_op<'/'>(big, small, small_first, images, channels, positions, channels_last, threads, sink, steps);
     }
 }
 }  // namespace
+
+void chain(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+           int64_t positions, bool channels_last, const std::vector<ChainStep> &steps, const QuantizeTo *to, void *out,
+           int threads) {
+    if (to)
+        binary_to(op, big, small, small_first, images, channels, positions, channels_last, threads,
+                  QuantizedValues{*to, out}, &steps);
+    else
+        binary_to(op, big, small, small_first, images, channels, positions, channels_last, threads,
+                  FloatValues{static_cast<float *>(out)}, &steps);
+}
 
 void binary(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
             int64_t positions, bool channels_last, float *out, int threads) {

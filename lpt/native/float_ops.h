@@ -41,6 +41,19 @@ struct QuantizeTo {
 void binary_quantized(char op, const float *big, const float *small, bool small_first, int64_t images,
                       int64_t channels, int64_t positions, bool channels_last, const QuantizeTo &to, void *out,
                       int threads);
+// A binary op after the first of a chain (chain): value = value ∘ operand, or operand ∘ value with
+// `operand_first`, the operand's values lying as big's do.
+struct ChainStep {
+    char op;
+    bool operand_first;
+    const float *operand;
+};
+// binary's value of each element, then each step's in order, in one pass: each operation rounds as it does
+// alone, so the values are those of the binary ops one after the other, without their tensors between them.
+// Into float32 `out`, or with `to` quantized into 8-bit `out` (binary_quantized).
+void chain(char op, const float *big, const float *small, bool small_first, int64_t images, int64_t channels,
+           int64_t positions, bool channels_last, const std::vector<ChainStep> &steps, const QuantizeTo *to, void *out,
+           int threads);
 // x > 0 or NaN ? x : 0 (lpt.kernels.float_ops.relu: −0 becomes 0).
 void relu(const float *x, int64_t n, float *out, int threads);
 // min(max(x·α + β, 0), 1) as numpy's minimum and maximum compute it (a NaN stays).
