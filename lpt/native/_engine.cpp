@@ -1910,6 +1910,7 @@ struct Program {
     Scratch<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
     Scratch<unsigned char> upsampled;  // an upsampling's matmul output, before its layout
     std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
+    bool opens_loops = true;             // the last run opened loops to the pool's workers (lpt_parallel::Busy)
     int threads = 1;
     std::mutex lock;
     ~Program() {
@@ -3220,7 +3221,8 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     try {
         program->seconds.assign(program->code.size(), 0.0);
-        const lpt_parallel::Busy busy;
+        const uint64_t loops_before = lpt_parallel::loops_opened();
+        const lpt_parallel::Busy busy(program->opens_loops);
         auto start = std::chrono::steady_clock::now();
         const std::vector<Instruction> &code = program->code;
         for (size_t i = 0; i < code.size(); ++i) {
@@ -3236,6 +3238,7 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
             start = end;
             i += paired;
         }
+        program->opens_loops = lpt_parallel::loops_opened() != loops_before;
     } catch (const Unsupported &e) {
         error = e.what();
         unsupported = true;

@@ -44,6 +44,7 @@ struct Pool {
     std::atomic<Job *> job{nullptr};
     std::atomic<int> busy{0};
     std::atomic<int> sleepers{0};
+    std::atomic<uint64_t> wakeups{0};  // Busy's calls to sleeping workers, which then spin for the next loop
     std::atomic<int> caller_cpu{-1};   // the CPU the open loop's caller was on as it opened it
     std::mutex sleep_lock;
     std::condition_variable wake;
@@ -59,6 +60,7 @@ Pool *pool = new Pool;
 
 void Pool::wait_for_loop(uint64_t seen) {
     const auto start = std::chrono::steady_clock::now();
+    const uint64_t woken = wakeups.load(std::memory_order_acquire);
     for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
         if (spins % 64 == 63) {
             const bool keep_spinning = std::chrono::steady_clock::now() - start <
@@ -66,7 +68,7 @@ void Pool::wait_for_loop(uint64_t seen) {
             if (!keep_spinning) {
                 std::unique_lock<std::mutex> lock(sleep_lock);
                 sleepers.fetch_add(1);  // seq_cst, against the caller's bump of `generation` then read of it
-                wake.wait(lock, [&] { return generation.load() != seen; });
+                wake.wait(lock, [&] { return generation.load() != seen || wakeups.load() != woken; });
                 sleepers.fetch_sub(1);
                 return;
             }
@@ -163,7 +165,17 @@ void run_erased(int threads, int64_t n, int64_t grain, Task task, void *context)
     close();
 }
 
-Busy::Busy() { pool->busy.fetch_add(1, std::memory_order_relaxed); }
+Busy::Busy(bool wake_sleepers) {
+    Pool &p = *pool;
+    p.busy.fetch_add(1, std::memory_order_relaxed);
+    if (wake_sleepers && p.sleepers.load() > 0) {
+        std::lock_guard<std::mutex> lock(p.sleep_lock);
+        p.wakeups.fetch_add(1);
+        p.wake.notify_all();
+    }
+}
 Busy::~Busy() { pool->busy.fetch_sub(1, std::memory_order_relaxed); }
+
+uint64_t loops_opened() { return pool->generation.load(std::memory_order_relaxed); }
 
 }  // namespace lpt_parallel

@@ -69,12 +69,20 @@ void for_each(int threads, int64_t n, const F &body) {
 }
 
 // While one lives, the workers spin between loops instead of sleeping: a native program's run,
-// whose loops follow each other within microseconds.
+// whose loops follow each other within microseconds. With `wake_sleepers`, workers asleep are woken
+// as it starts, to spin until its first loop: in a VM, waking a sleeping worker at a loop took that
+// loop tens of microseconds (the PaddleOCR recognizer's first matmul after its shape arithmetic took
+// 0.076-0.093 ms so, 0.031-0.032 woken ahead; its plan 4.96-5.05 -> 4.83-5.01 ms, three rounds
+// alternating on a Xeon with AMX, 2 threads). Worth it only where a loop follows: woken at every run,
+// silero_vad_16k_op15's small programs, which open none, lost a few microseconds each to the call.
 struct Busy {
-    Busy();
+    explicit Busy(bool wake_sleepers = false);
     ~Busy();
     Busy(const Busy &) = delete;
     Busy &operator=(const Busy &) = delete;
 };
+
+// How many loops callers have opened to the workers so far: a run that opened none leaves it as it was.
+uint64_t loops_opened();
 
 }  // namespace lpt_parallel
