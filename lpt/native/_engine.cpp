@@ -2509,26 +2509,43 @@ void step(Program &program, const Instruction &ins) {
                 // position's channels from each part in turn. Made channels-first, one Concat of the
                 // PaddleOCR detector cost 15.8 ms in transposes (and its reader a transpose back).
                 out.channels_last = true;
-                const int64_t rows = images * a.positions();
-                int64_t offset = 0;  // channels before the part's
+                const int64_t rows = images * a.positions(), row_bytes = channels * item, block = 256;
+                // Each block of rows from every part in turn, while the block's output lines are in the
+                // core's cache: part by part, each line was fetched and written once per part (the
+                // detector's two 24-channel halves of 320×320, 4.9 MB: 0.52 ms so against 0.34 in
+                // OpenVINO). A part channels-first goes channels-last first, into the scratch, by itself.
+                std::vector<std::pair<const char *, int64_t>> parts;  // values, bytes per row
+                const auto copy_parts = [&](int64_t first_channel) {
+                    if (parts.empty()) return;
+                    const std::vector<std::pair<const char *, int64_t>> from = parts;
+                    lpt_parallel::for_each(rows * row_bytes >= PARALLEL_WORK ? program.threads : 1,
+                                           (rows + block - 1) / block, [=](int64_t b) {
+                        const int64_t first = b * block, count = std::min(block, rows - first);
+                        int64_t start = first_channel * item;
+                        for (const auto &[values, width] : from) {
+                            copy_runs(o + first * row_bytes + start, row_bytes, values + first * width, width, width, count);
+                            start += width;
+                        }
+                    });
+                };
+                int64_t offset = 0, parts_offset = 0;  // channels before the part's, before `parts`'
                 for (int slot : ins.in) {
                     const Slot &part = slots[slot];
                     const int64_t width = part.dims[1] * item;
-                    const char *values = static_cast<const char *>(part.data);
                     if (!part.channels_last && part.dims[1] > 1) {
+                        copy_parts(parts_offset);
                         unsigned char *order = program.scratch.get(part.count() * item);
                         part.channels_last_into(order, program.threads);
-                        values = reinterpret_cast<const char *>(order);
+                        parts = {{reinterpret_cast<const char *>(order), width}};
+                        copy_parts(offset);
+                        parts.clear();
+                        parts_offset = offset + part.dims[1];
+                    } else {
+                        parts.emplace_back(static_cast<const char *>(part.data), width);
                     }
-                    const int64_t row_bytes = channels * item, start = offset * item, block = 256;
-                    lpt_parallel::for_each(rows * width >= PARALLEL_WORK ? program.threads : 1, (rows + block - 1) / block,
-                                           [=](int64_t b) {
-                        const int64_t first = b * block;
-                        copy_runs(o + first * row_bytes + start, row_bytes, values + first * width, width, width,
-                                  std::min(block, rows - first));
-                    });
                     offset += part.dims[1];
                 }
+                copy_parts(parts_offset);
                 break;
             }
             int64_t offset = 0;  // bytes into each output image
