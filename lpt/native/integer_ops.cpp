@@ -214,9 +214,13 @@ void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int
     lpt_parallel::for_each(n >= PARALLEL_WORK ? threads : 1, blocks, [&](int64_t b) {
         const int64_t start = b * BLOCK, end = std::min(n, start + BLOCK);
         float low = 0.0f, high = 0.0f;
-        for (int64_t i = start; i < end; ++i) {  // a NaN compares false: left out, as numpy's fmin/fmax
-            low = x[i] < low ? x[i] : low;
-            high = x[i] > high ? x[i] : high;
+        if (lpt_s16::supported()) {
+            lpt_s16::extend_range(x + start, end - start, low, high);
+        } else {
+            for (int64_t i = start; i < end; ++i) {  // a NaN compares false: left out, as numpy's fmin/fmax
+                low = x[i] < low ? x[i] : low;
+                high = x[i] > high ? x[i] : high;
+            }
         }
         lows[b] = low, highs[b] = high;
     });

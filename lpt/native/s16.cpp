@@ -1078,6 +1078,31 @@ __attribute__((target("avx2"))) void quantize_values(const float *x, int64_t n, 
         quantize_values_typed(x, n, q, static_cast<uint8_t *>(out));
 }
 
+__attribute__((target("avx2"))) void extend_range(const float *x, int64_t n, float &low, float &high) {
+    // vminps(a, b) is a < b ? a : b, and vmaxps(a, b) a > b ? a : b: b where a is NaN, as the scalar
+    // compare keeps the range where x is NaN; four registers each, so that the compares overlap
+    __m256 lows[4], highs[4];
+    for (int k = 0; k < 4; ++k) lows[k] = _mm256_set1_ps(low), highs[k] = _mm256_set1_ps(high);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; ++k) {
+            const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+            lows[k] = _mm256_min_ps(v, lows[k]);
+            highs[k] = _mm256_max_ps(v, highs[k]);
+        }
+    alignas(32) float values[8];
+    for (int k = 0; k < 4; ++k) {
+        _mm256_store_ps(values, lows[k]);
+        for (float v : values) low = v < low ? v : low;
+        _mm256_store_ps(values, highs[k]);
+        for (float v : values) high = v > high ? v : high;
+    }
+    for (; i < n; ++i) {
+        low = x[i] < low ? x[i] : low;
+        high = x[i] > high ? x[i] : high;
+    }
+}
+
 __attribute__((target("avx2"))) void interleave_three_planes(const uint8_t *planes, int64_t plane_stride,
                                                               int64_t count, uint8_t flip, uint8_t *out) {
     // select[k][c]: for output byte j of the k-th sixteen, the position 16k + j holds channel (16k + j) % 3

@@ -132,6 +132,10 @@ void stage_columns(const Epilogue &e, const int32_t *hi, const int32_t *lo, int6
 void quantize_values(const float *x, int64_t n, float scale, int zero_point, int qmin, int qmax, bool signed_out,
                      void *out);
 
+// low = min(low, x[i]), high = max(high, x[i]) over x [n], a NaN left out (x < low and x > high are false
+// for it): DynamicQuantizeLinear's range, eight values per compare instead of one. Needs AVX2.
+void extend_range(const float *x, int64_t n, float &low, float &high);
+
 // out[3p + c] = planes[c·plane_stride + p] ^ flip for p < count, c < 3: a three-channel image's planes
 // into channels-last, sixteen positions per shuffle instead of a byte at a time. Needs AVX2.
 void interleave_three_planes(const uint8_t *planes, int64_t plane_stride, int64_t count, uint8_t flip, uint8_t *out);
