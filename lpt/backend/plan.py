@@ -31,6 +31,7 @@ from lpt.calibration.placement import spectral_power
 from lpt.errors import DataError, LptError, ModelError
 from lpt.graph.constants import const_array
 from lpt.limits import bounded_threads
+from lpt.native import workers_held
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +67,13 @@ class Plan:
         env = {n: feeds[n] for n in self.inputs}
         constants = self.constants
         steps = self.steps if keep else self.run_steps
-        for step, dropped in zip(steps, self._dropped_after[id(steps)]):
-            results = step.run(*[env[n] if n in env else constants[n] for n in step.inputs])
-            env.update(zip(step.outputs, results))
-            if not keep:
-                for name in dropped:
-                    env.pop(name, None)
+        with workers_held():  # the engine's workers stay awake for its next step
+            for step, dropped in zip(steps, self._dropped_after[id(steps)]):
+                results = step.run(*[env[n] if n in env else constants[n] for n in step.inputs])
+                env.update(zip(step.outputs, results))
+                if not keep:
+                    for name in dropped:
+                        env.pop(name, None)
         if keep:
             return {**constants, **env}
         return {n: env[n] if n in env else constants[n] for n in self.outputs}

@@ -13,6 +13,7 @@
     lpt.native.engine_name(route)            how reports name it: "oneDNN (u8s8)", "lpt AVX2 (s16)", ...
     lpt.native.layer_engine(name, native)    what computed a layer in its last run: s16 by Winograd, say
     lpt.native.available(), unavailable_reason()
+    with lpt.native.workers_held(): ...     the workers spin between the engine's loops (a plan's run)
 
 Where the engine cannot run a step (see operations.py), creating it raises `Unsupported` with the
 reason, and lpt's NumPy/MLAS kernels run it. Without the engine (built without a C++ compiler or
@@ -22,6 +23,7 @@ oneDNN, or LPT_ONEDNN=off) lpt says so once, here, and runs as before.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 from lpt.native._library import engine, reason
 from lpt.native.operations import Conv, MatMul, Product, Unsupported, dynamic_quantize
@@ -56,6 +58,20 @@ def layer_engine(name: str, native: tuple | None) -> str:
             engine.implementation(native[1]) == "lpt:s16_winograd_avx2":
         return WINOGRAD_ENGINE
     return name
+
+
+@contextmanager
+def workers_held():
+    """The engine's workers spin between its loops while this lasts (a plan's run), instead of sleeping
+    between two of its steps: lpt.native.parallel.cpp's SPIN_YIELDING says why."""
+    if engine is None:
+        yield
+        return
+    engine.hold_pool()
+    try:
+        yield
+    finally:
+        engine.release_pool()
 
 
 def available() -> bool:

@@ -3369,6 +3369,18 @@ PyObject *py_float_lanes(PyObject *, PyObject *args) {
     return PyBool_FromLong(lpt_ops::allow_eight_lanes(allowed));
 }
 
+PyObject *py_hold_pool(PyObject *, PyObject *) {
+    lpt_parallel::hold();
+    Py_RETURN_NONE;
+}
+
+PyObject *py_release_pool(PyObject *, PyObject *) {
+    lpt_parallel::release();
+    Py_RETURN_NONE;
+}
+
+PyObject *py_pool_holds(PyObject *, PyObject *) { return PyLong_FromLong(lpt_parallel::holds()); }
+
 PyMethodDef methods[] = {
         {"conv", py_conv, METH_VARARGS, CONV_DOC},
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
@@ -3381,6 +3393,10 @@ PyMethodDef methods[] = {
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
         {"float_lanes", py_float_lanes, METH_VARARGS,
          "float_lanes(allowed) -> previous: whether programs' float32 ops may take eight lanes (AVX2) at a time"},
+        {"hold_pool", py_hold_pool, METH_NOARGS,
+         "hold_pool(): the pool's workers spin between loops until release_pool() (lpt_parallel::hold)"},
+        {"release_pool", py_release_pool, METH_NOARGS, "release_pool(): ends one hold_pool()"},
+        {"pool_holds", py_pool_holds, METH_NOARGS, "pool_holds() -> the holds (and native program runs) open now"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},

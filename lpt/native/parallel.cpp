@@ -28,6 +28,15 @@ namespace {
 // (1 ms), 7.7 (100 µs), 9.1 (30 µs).
 constexpr auto SPIN_BUSY = std::chrono::microseconds(100);
 constexpr auto SPIN_IDLE = std::chrono::microseconds(50);
+// While the pool is held, a worker past SPIN_BUSY spins on up to SPIN_YIELDING, giving its CPU to any
+// other thread that wants it at each look (sched_yield): a plan's steps outside the engine (onnxruntime's
+// regions, NumPy) run meanwhile, and its next loop finds the worker awake. In a VM, a worker asleep costs
+// the loop that wakes it tens of microseconds (its vCPU halted), and so does each onnxruntime worker woken
+// on a halted vCPU. ddddocr_common_old_dynq, whose 110 steps alternate between the engine and onnxruntime
+// every 0.05-0.3 ms: 12.4-13.4 -> 9.8 ms a run (two rounds alternating, a Xeon with AMX, 2 threads); its
+// DynamicQuantizeLinear took 0.13 ms after an onnxruntime region and 0.03 when called again at once.
+// Without the yield, the same spin made onnxruntime's regions slower than they gained (12.6 ms).
+constexpr auto SPIN_YIELDING = std::chrono::microseconds(1000);
 
 struct Job {
     Task task;
@@ -63,9 +72,10 @@ void Pool::wait_for_loop(uint64_t seen) {
     const uint64_t woken = wakeups.load(std::memory_order_acquire);
     for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
         if (spins % 64 == 63) {
-            const bool keep_spinning = std::chrono::steady_clock::now() - start <
-                                       (busy.load(std::memory_order_relaxed) > 0 ? SPIN_BUSY : SPIN_IDLE);
-            if (!keep_spinning) {
+            const auto spun = std::chrono::steady_clock::now() - start;
+            const bool held = busy.load(std::memory_order_relaxed) > 0;
+            if (held && spun >= SPIN_BUSY && spun < SPIN_YIELDING) std::this_thread::yield();
+            if (spun >= (held ? SPIN_YIELDING : SPIN_IDLE)) {
                 std::unique_lock<std::mutex> lock(sleep_lock);
                 sleepers.fetch_add(1);  // seq_cst, against the caller's bump of `generation` then read of it
                 wake.wait(lock, [&] { return generation.load() != seen || wakeups.load() != woken; });
@@ -165,16 +175,20 @@ void run_erased(int threads, int64_t n, int64_t grain, Task task, void *context)
     close();
 }
 
+void hold() { pool->busy.fetch_add(1, std::memory_order_relaxed); }
+void release() { pool->busy.fetch_sub(1, std::memory_order_relaxed); }
+int holds() { return pool->busy.load(std::memory_order_relaxed); }
+
 Busy::Busy(bool wake_sleepers) {
     Pool &p = *pool;
-    p.busy.fetch_add(1, std::memory_order_relaxed);
+    hold();
     if (wake_sleepers && p.sleepers.load() > 0) {
         std::lock_guard<std::mutex> lock(p.sleep_lock);
         p.wakeups.fetch_add(1);
         p.wake.notify_all();
     }
 }
-Busy::~Busy() { pool->busy.fetch_sub(1, std::memory_order_relaxed); }
+Busy::~Busy() { release(); }
 
 uint64_t loops_opened() { return pool->generation.load(std::memory_order_relaxed); }
 

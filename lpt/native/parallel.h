@@ -7,8 +7,8 @@
 // between runs) or sleep (OMP_WAIT_POLICY=PASSIVE), and then every loop pays a wake-up. Measured on a
 // 2-core cloud VM: plcmos_v2's 57-step program ran in 6.7 ms back to back and 12.9 ms after 0.2 s
 // idle, slower than on one thread (12.5), until ~50 ms of runs had warmed the wake-ups again.
-// Here the workers spin between the loops of a native program run (`Busy`, at most 100 µs at a
-// time: parallel.cpp says why), and sleep otherwise.
+// Here the workers spin between the loops of a native program run or of a plan's run (`Busy`, `hold`:
+// parallel.cpp says for how long), and sleep otherwise.
 //
 // Which thread computes which index never changes a result: every loop writes disjoint outputs.
 #pragma once
@@ -81,6 +81,12 @@ struct Busy {
     Busy(const Busy &) = delete;
     Busy &operator=(const Busy &) = delete;
 };
+
+// What Busy does, for a caller that spans calls from Python (a compiled plan's run: its steps outside the
+// engine run between the engine's loops). Each hold() is ended by one release().
+void hold();
+void release();
+int holds();  // open now, Busy's counted
 
 // How many loops callers have opened to the workers so far: a run that opened none leaves it as it was.
 uint64_t loops_opened();

@@ -68,3 +68,37 @@ def test_a_forked_child_runs_loops_on_workers_of_its_own():
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), np.float32).reshape(x.shape), expected)
+
+
+def test_a_plan_holds_the_workers_while_it_runs_and_lets_go_after_a_failure(tmp_path):
+    """A plan's run keeps the engine's workers awake between its steps (lpt.native.workers_held) and
+    lets go when it returns, also when a step raises."""
+    from dataclasses import replace
+
+    from onnx import TensorProto, helper
+
+    import lpt
+    from lpt.backend import compile_model
+    from lpt.errors import LptError
+
+    engine = lpt.native._library.engine
+    seen = []
+
+    def watch(x):
+        seen.append(engine.pool_holds())
+        if not np.all(np.isfinite(x)):
+            raise LptError("not finite")
+        return [x]
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    plan = compile_model(lpt.load(str(path)))
+    plan.run_steps[0] = replace(plan.run_steps[0], run=watch)
+    before = engine.pool_holds()
+    plan.run({"x": np.ones(2, np.float32)})
+    with pytest.raises(LptError, match="not finite"):
+        plan.run({"x": np.full(2, np.nan, np.float32)})
+    assert seen == [before + 1, before + 1] and engine.pool_holds() == before
