@@ -23,7 +23,6 @@ oneDNN, or LPT_ONEDNN=off) lpt says so once, here, and runs as before.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 
 from lpt.native._library import engine, reason
 from lpt.native.operations import Conv, MatMul, Product, Unsupported, dynamic_quantize
@@ -60,18 +59,27 @@ def layer_engine(name: str, native: tuple | None) -> str:
     return name
 
 
-@contextmanager
-def workers_held():
+class _WorkersHeld:
+    """lpt_parallel::hold for as long as a `with` block lasts (nothing without the engine)."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        if engine is not None:
+            engine.hold_pool()
+
+    def __exit__(self, *exception):
+        if engine is not None:
+            engine.release_pool()
+
+
+_WORKERS_HELD = _WorkersHeld()
+
+
+def workers_held() -> _WorkersHeld:
     """The engine's workers spin between its loops while this lasts (a plan's run), instead of sleeping
-    between two of its steps: lpt.native.parallel.cpp's SPIN_YIELDING says why."""
-    if engine is None:
-        yield
-        return
-    engine.hold_pool()
-    try:
-        yield
-    finally:
-        engine.release_pool()
+    between two of its steps: lpt/native/parallel.cpp's SPIN_YIELDING says why."""
+    return _WORKERS_HELD
 
 
 def available() -> bool:
