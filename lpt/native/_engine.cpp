@@ -46,6 +46,7 @@
 #include "float_ops.h"
 #include "integer_ops.h"
 #include "s16.h"
+#include "stem.h"
 #include "exp.h"
 #include "parallel.h"
 
@@ -371,6 +372,7 @@ struct Operation {
     lpt_s16::PackedWeights packed;
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
     lpt_s16::Epilogue epilogue;
+    lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     std::vector<float> padded_multiplier, padded_bias;
     bool onednn_stage = false;  // onednn_can_stage
     std::mutex lock;  // one run at a time: the prepared primitives' memory objects take its pointers
@@ -1140,6 +1142,28 @@ bool s16_runs(const Operation &op) {
            ((op.groups == 1 || op.depthwise) && op.kernel_shape.size() - 2 <= 2 && lpt_s16::supported());
 }
 
+// A 1-D or 2-D convolution's geometry as lpt's kernels take it.
+lpt_s16::Geometry conv_geometry(const Operation &op) {
+    const memory::dims &shape = op.kernel_shape;
+    const int spatial = (int)shape.size() - 2;
+    const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
+    auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
+    return {op.in_channels, op.out_channels, y < 0 ? 1 : shape[2], shape.back(),
+            axis(op.strides, y, 1), op.strides.back(), axis(op.dilations, y, 0) + 1,
+            op.dilations.back() + 1, axis(op.pads_begin, y, 0), op.pads_begin.back(),
+            axis(op.pads_end, y, 0), op.pads_end.back()};
+}
+
+// On route u8s8, a convolution of one group with few products per output runs on lpt_stem's kernel
+// where this CPU has it (stem.h says why): its geometry and weights.
+void prepare_stem(Operation &op) {
+    if (op.route != Route::u8s8 || op.groups != 1 || op.kernel_shape.size() > 4 || !lpt_stem::supported()) return;
+    const lpt_s16::Geometry g = conv_geometry(op);
+    if (!lpt_stem::fits(g, op.epilogue)) return;
+    op.geometry = g;
+    op.stem = lpt_stem::pack(op.weights.data(), g);
+}
+
 // Route s16's geometry and packed weights.
 void prepare_s16(Operation &op) {
     if (op.kind == Kind::matmul) {  // a 1×1 convolution with K input channels and N outputs
@@ -1152,14 +1176,7 @@ void prepare_s16(Operation &op) {
         narrow_large_weights(op);
         return;
     }
-    const memory::dims &shape = op.kernel_shape;
-    const int spatial = (int)shape.size() - 2;
-    const int y = spatial - 2;  // the index of the height axis; none (−1) for a 1-D convolution
-    auto axis = [&](const memory::dims &v, int i, int64_t none) { return i < 0 ? none : v[i]; };
-    op.geometry = {op.in_channels, op.out_channels, y < 0 ? 1 : shape[2], shape.back(),
-                   axis(op.strides, y, 1), op.strides.back(), axis(op.dilations, y, 0) + 1,
-                   op.dilations.back() + 1, axis(op.pads_begin, y, 0), op.pads_begin.back(),
-                   axis(op.pads_end, y, 0), op.pads_end.back()};
+    op.geometry = conv_geometry(op);
     if (!op.depthwise && lpt_s16::winograd_fits(op.geometry)) {
         const char *choice = std::getenv("LPT_WINOGRAD");
         const std::string c = choice ? choice : "";
@@ -1230,6 +1247,7 @@ PyObject *py_conv(PyObject *, PyObject *args) {
                 throw std::invalid_argument("route s16 runs 1-D and 2-D convolutions of one group, and depthwise ones");
             prepare_s16(*op);
         }
+        prepare_stem(*op);
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -1390,6 +1408,23 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();
 }
 
+// Route u8s8, a convolution prepare_stem took: lpt_stem's kernel and the output stage, into a channels-last output.
+void run_stem(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
+              int src_zero_point, Dst dst, void *out, size_t out_bytes) {
+    const lpt_s16::Geometry &g = op.geometry;
+    const int64_t images = dims[0], h = dims.size() == 4 ? dims[2] : 1, w = dims.back();
+    if (out_bytes != (size_t)(images * g.out_h(h) * g.out_w(w) * op.out_channels) * item_size(dst))
+        throw std::invalid_argument("out does not have the output's size");
+    if (!channels_last && g.in_channels > 1) {  // the kernel reads each kernel row's channels-last run
+        thread_local Scratch<uint8_t> scratch;
+        uint8_t *moved = scratch.get((size_t)(images * g.in_channels * h * w));
+        to_channels_last(src, moved, images, g.in_channels, h * w, 0, op.threads);
+        src = moved;
+    }
+    lpt_stem::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.stem, op.epilogue, out, op.threads);
+    op.last_impl = "lpt:stem_avx512_vnni";
+}
+
 // x[r][c] = (f32(q[r][first + c]) − shift)·scale for `rows` rows of columns [first, first + width) of `channels`:
 // a join's other operand as its primitive reads it, with lpt_ops::join's operations.
 __attribute__((target_clones("avx2", "default"))) void dequantize_columns(const uint8_t *q, bool is_signed, int64_t rows,
@@ -1422,6 +1457,11 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     }
     if (op.route == Route::s16) {
         run_s16(op, src, dims, channels_last, signed_src, src_zero_point, dst, channels_last_out, out, out_bytes);
+        if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
+        return;
+    }
+    if (!op.stem.words.empty() && dst != Dst::s32 && dst == op.stage.dst && channels_last_out && !join) {
+        run_stem(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }
@@ -3319,7 +3359,7 @@ PyObject *py_stages(PyObject *, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
     Operation *op = operation(capsule);
     if (!op) return nullptr;
-    return PyBool_FromLong(op->onednn_stage);
+    return PyBool_FromLong(op->onednn_stage || !op->stem.words.empty());
 }
 
 PyObject *py_implementation(PyObject *, PyObject *args) {
@@ -3388,7 +3428,8 @@ PyMethodDef methods[] = {
         {"run", py_run, METH_VARARGS, RUN_DOC},
         {"dynamic_quantize", py_dynamic_quantize, METH_VARARGS, DYNAMIC_QUANTIZE_DOC},
         {"implementation", py_implementation, METH_VARARGS, "the oneDNN implementation last prepared (impl_info_str)"},
-        {"stages", py_stages, METH_VARARGS, "whether oneDNN's primitive applies the operation's output stage (8-bit runs)"},
+        {"stages", py_stages, METH_VARARGS,
+         "whether the operation's kernel applies its output stage as it goes (oneDNN's primitive, or lpt_stem's), on 8-bit runs"},
         {"version", py_version, METH_NOARGS, "oneDNN's (major, minor, patch, commit)"},
         {"s16_supported", py_s16_supported, METH_NOARGS, "whether this CPU runs the s16 route (AVX2)"},
         {"float_lanes", py_float_lanes, METH_VARARGS,
