@@ -102,3 +102,22 @@ def test_a_spectrogram_stem_over_many_rows_on_two_threads():
     expected = output_stage(conv_reference(src, weights, 12, **window), multiplier, bias, (Relu(),),
                             dst_scale=np.float32(0.03), dst_zero_point=0)
     np.testing.assert_array_equal(conv(src, channels_last=True), expected)
+
+
+@pytest.mark.parametrize("channels, kernel, stride, pads", [(1, 15, 1, (7, 7)), (2, 8, 3, (0, 2)), (1, 3, 2, (1, 1))])
+def test_one_dimensional_stems(channels, kernel, stride, pads):
+    """1-D convolutions (one kernel row: kernel_h 1), an s8 source and destination, up to 16 bytes a row."""
+    rng = np.random.default_rng(kernel)
+    weights = rng.integers(-128, 128, (20, channels, kernel)).astype(np.int8)
+    src = rng.integers(-128, 128, (2, channels, 300)).astype(np.int8)
+    multiplier = rng.uniform(1e-4, 1e-3, 20).astype(np.float32)
+    bias = rng.normal(0, 0.5, 20).astype(np.float32)
+    window = dict(strides=(stride,), pads=pads)
+    conv = lpt.native.Conv(weights, src_zero_point=-5, multiplier=multiplier, bias=bias, post_ops=(Relu(),),
+                           dst_scale=np.float32(0.02), dst_zero_point=-128, dst_dtype=np.int8, route="u8s8", threads=2,
+                           **window)
+    expected = output_stage(conv_reference(src, weights, -5, **window), multiplier, bias, (Relu(),),
+                            dst_scale=np.float32(0.02), dst_zero_point=-128, qmin=-128, qmax=127)
+    np.testing.assert_array_equal(conv(src, channels_last=True), expected)
+    if runs_here():
+        assert lpt.native.engine.implementation(conv._operation) == STEM
