@@ -33,9 +33,10 @@ constexpr auto SPIN_IDLE = std::chrono::microseconds(50);
 // regions, NumPy) run meanwhile, and its next loop finds the worker awake. In a VM, a worker asleep costs
 // the loop that wakes it tens of microseconds (its vCPU halted), and so does each onnxruntime worker woken
 // on a halted vCPU. ddddocr_common_old_dynq, whose 110 steps alternate between the engine and onnxruntime
-// every 0.05-0.3 ms: 12.4-13.4 -> 9.8 ms a run (two rounds alternating, a Xeon with AMX, 2 threads); its
-// DynamicQuantizeLinear took 0.13 ms after an onnxruntime region and 0.03 when called again at once.
-// Without the yield, the same spin made onnxruntime's regions slower than they gained (12.6 ms).
+// every 0.05-0.3 ms: 12.4-13.6 -> 9.8-10.8 ms a run (sets of two rounds alternating, a Xeon with AMX, 2
+// threads); its DynamicQuantizeLinear took 0.13 ms after an onnxruntime region and 0.03 when called again
+// at once. Spinning as long without the yield: 11.9 ms against 13.8-14.0 (onnxruntime's threads waited).
+// The other corpus models moved within their noise.
 constexpr auto SPIN_YIELDING = std::chrono::microseconds(1000);
 
 struct Job {
