@@ -95,8 +95,9 @@ FEW_PRODUCTS = 32
 
 def conv_route(route: str, reduction: int, groups: int, spatial_axes: int, staged: bool = False) -> str:
     """The route of a convolution of `reduction` products per output value: `route`, except that on u8s8
-    a layer of one group and fewer than FEW_PRODUCTS goes to s16, where exact, unless oneDNN's primitive
-    applies its output stage (`staged`: the engine says so of the operation made on u8s8). oneDNN 3.2's
+    a layer of one group and fewer than FEW_PRODUCTS goes to s16, where exact, unless the operation made on
+    u8s8 applies its output stage as it goes (`staged`, as the engine says: oneDNN's primitive, or lpt's own
+    kernel for such layers where the CPU has AVX-512 VNNI, lpt/native/stem.h: 2.5-2.6 ms below). oneDNN 3.2's
     u8s8 kernels for such layers (jit_int8, for an input channel count below 4) run far under their
     peak, and lpt's stage of their many values after them cost more than s16, which fuses it. Measured on
     a Xeon with AMX, 2 threads, 3×3 to 128 channels over 900×161 with a Relu: from 1 channel 10.8 ms on
