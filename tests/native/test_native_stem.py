@@ -1,6 +1,7 @@
 """lpt's kernel for convolutions with few products per output (lpt/native/stem.cpp: a spectrogram's one channel,
-an image's three) against lpt's NumPy oracle, bit for bit. Where this CPU has no AVX-512 VNNI (or LPT_AVX512=off),
-oneDNN's primitive runs the same cases and must give the same bits."""
+an image's three) against lpt's NumPy oracle, bit for bit. Each case runs on the route this process takes: where
+the CPU has no AVX-512 VNNI (a Zen 3, or LPT_AVX512=off, or a forced LPT_ONEDNN=s16) the kernel is not used, and
+oneDNN's primitive or lpt's s16 kernel runs the same cases and must give the same bits."""
 
 from __future__ import annotations
 
@@ -15,13 +16,11 @@ from lpt.kernels.output_stage import output_stage
 from lpt.kernels.reference import conv_reference
 
 STEM = "lpt:stem_avx512_vnni"
-pytestmark = pytest.mark.skipif("u8s8" not in lpt.native.exact_routes(), reason="the kernel runs on route u8s8")
 
 
 def runs_here() -> bool:
     """Whether this process takes the kernel: a conv that fits it, on a CPU with AVX-512 VNNI."""
-    conv = lpt.native.Conv(np.ones((4, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), dst_scale=0.5, dst_dtype=np.uint8,
-                           route="u8s8")
+    conv = lpt.native.Conv(np.ones((4, 1, 3, 3), np.int8), pads=(1, 1, 1, 1), dst_scale=0.5, dst_dtype=np.uint8)
     conv(np.zeros((1, 1, 4, 4), np.uint8), channels_last=True)
     return lpt.native.engine.implementation(conv._operation) == STEM
 
@@ -73,7 +72,7 @@ def test_the_output_stage_equals_the_reference(case, stage, channels_last):
     dst_scale = None if stage["dst_dtype"] is None else np.float32(rng.uniform(0.01, 0.2))
     conv = lpt.native.Conv(weights, src_zero_point=zero_point, multiplier=multiplier, bias=bias,
                            post_ops=stage["post_ops"], dst_scale=dst_scale, dst_zero_point=stage["dst_zero_point"],
-                           dst_dtype=stage["dst_dtype"], route="u8s8", threads=2, **window)
+                           dst_dtype=stage["dst_dtype"], threads=2, **window)
     if channels_last:
         src = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)
     acc = conv_reference(src, weights, zero_point, **window)
@@ -97,7 +96,7 @@ def test_a_spectrogram_stem_over_many_rows_on_two_threads():
     bias = rng.normal(0, 0.5, 128).astype(np.float32)
     window = dict(pads=(1, 1, 1, 1))
     conv = lpt.native.Conv(weights, src_zero_point=12, multiplier=multiplier, bias=bias, post_ops=(Relu(),),
-                           dst_scale=np.float32(0.03), dst_zero_point=0, dst_dtype=np.uint8, route="u8s8", threads=2,
+                           dst_scale=np.float32(0.03), dst_zero_point=0, dst_dtype=np.uint8, threads=2,
                            **window)
     expected = output_stage(conv_reference(src, weights, 12, **window), multiplier, bias, (Relu(),),
                             dst_scale=np.float32(0.03), dst_zero_point=0)
@@ -114,7 +113,7 @@ def test_one_dimensional_stems(channels, kernel, stride, pads):
     bias = rng.normal(0, 0.5, 20).astype(np.float32)
     window = dict(strides=(stride,), pads=pads)
     conv = lpt.native.Conv(weights, src_zero_point=-5, multiplier=multiplier, bias=bias, post_ops=(Relu(),),
-                           dst_scale=np.float32(0.02), dst_zero_point=-128, dst_dtype=np.int8, route="u8s8", threads=2,
+                           dst_scale=np.float32(0.02), dst_zero_point=-128, dst_dtype=np.int8, threads=2,
                            **window)
     expected = output_stage(conv_reference(src, weights, -5, **window), multiplier, bias, (Relu(),),
                             dst_scale=np.float32(0.02), dst_zero_point=-128, qmin=-128, qmax=127)
