@@ -3421,6 +3421,26 @@ PyObject *py_release_pool(PyObject *, PyObject *) {
 
 PyObject *py_pool_holds(PyObject *, PyObject *) { return PyLong_FromLong(lpt_parallel::holds()); }
 
+PyObject *py_gelu_fast_worst_ratio(PyObject *, PyObject *args) {
+    unsigned int first, last;
+    int threads;
+    if (!PyArg_ParseTuple(args, "IIi", &first, &last, &threads)) return nullptr;
+    if (!lpt_s16::sixteen_lanes()) {
+        PyErr_SetString(PyExc_RuntimeError, "the GELU stage's approximation runs on AVX-512 only");
+        return nullptr;
+    }
+    if (first % 16 || last % 16 || last < first) {
+        PyErr_SetString(PyExc_ValueError, "first and last must be multiples of 16, first <= last");
+        return nullptr;
+    }
+    float at = 0.0f;
+    double worst;
+    Py_BEGIN_ALLOW_THREADS;
+    worst = lpt_s16::gelu_fast_worst_ratio(first, last, std::max(1, threads), &at);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("(dd)", worst, (double)at);
+}
+
 PyMethodDef methods[] = {
         {"conv", py_conv, METH_VARARGS, CONV_DOC},
         {"matmul", py_matmul, METH_VARARGS, MATMUL_DOC},
@@ -3438,6 +3458,9 @@ PyMethodDef methods[] = {
          "hold_pool(): the pool's workers spin between loops until release_pool() (lpt_parallel::hold)"},
         {"release_pool", py_release_pool, METH_NOARGS, "release_pool(): ends one hold_pool()"},
         {"pool_holds", py_pool_holds, METH_NOARGS, "pool_holds() -> the holds (and native program runs) open now"},
+        {"gelu_fast_worst_ratio", py_gelu_fast_worst_ratio, METH_VARARGS,
+         "gelu_fast_worst_ratio(first, last, threads) -> (ratio, x): the GELU stage approximation's largest error "
+         "against its bound (gelu512.h) over the float32 values whose bits are in [first, last)"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},

@@ -22,6 +22,7 @@
 
 #include "s16.h"
 #include "levels512.h"
+#include "gelu512.h"
 #include "exp.h"
 #include "parallel.h"
 
@@ -343,17 +344,39 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
 
 
 // What the GELU stage keeps in registers across positions: its channels' multipliers and biases, the
-// post-op's and the quantization's constants, and erf's eight-entry tables (in the low half of a register:
-// an interval k < 8 picks from there only).
+// post-op's constants and the quantization's; with `fast`, the approximation's and its bound's too.
 struct GeluStage512 {
-    __m512 multiplier, bias, divisor, gelu_one, half, scale, level_high;
-    __m512 centres, terms[lpt_exp::ERF_DEGREE + 1];
+    __m512 multiplier, bias, scale, level_high;
     __m512i level_low, zero_point;
+    GeluReference512 reference;
     __mmask16 lanes;
-    bool biased, flush_tiny;
+    bool biased, flush_tiny, fast;
+    GeluFast512 approximation;
+    Quantizer512 quantize;
+    __m512 per_u;  // how far the approximation's level may be from the reference's, per unit of u
 };
 
-// N positions of the GELU stage: the operations of stage_values, lpt_exp::erf_lanes_n and store_quantized in
+// x = f32(acc)·multiplier + bias of N positions (stage_values' operations), +0 where |x| < TINY if asked.
+template <int N>
+__attribute__((target("avx512f"), always_inline)) inline void gelu_arguments_512(const GeluStage512 &g, const int32_t *acc,
+                                                                                 int64_t acc_stride, __m512 *x) {
+    for (int v = 0; v < N; ++v) {
+        const __m512i values = _mm512_maskz_loadu_epi32(g.lanes, acc + v * acc_stride);
+        x[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(values), g.multiplier);
+        if (g.biased) x[v] = _mm512_add_ps(x[v], g.bias);
+        if (g.flush_tiny)  // flushed(): +0 where |x| < TINY
+            x[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x[v]), _mm512_set1_ps(TINY), _CMP_NLT_UQ), x[v]);
+    }
+}
+
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void store_levels_512(const GeluStage512 &g,
+                                                                                                __m512i level, T *out) {
+    const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(level) : _mm512_cvtsepi32_epi8(level);
+    _mm_mask_storeu_epi8(out, g.lanes, bytes);
+}
+
+// N positions of the GELU stage: the operations of stage_values, gelu_reference_512_n and store_quantized in
 // the same order, so each lane the same bits, the N positions' steps interleaved. N is a constant so that
 // the N vectors of each step stay in registers: with N known only at run time (two positions, or one at
 // the end) gcc kept them in arrays on the stack, each step stored and loaded again. The clamps and the
@@ -363,34 +386,10 @@ struct GeluStage512 {
 template <typename T, int N>
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void gelu_positions_512(
         const GeluStage512 &g, const int32_t *acc, int64_t acc_stride, T *out, int64_t out_stride) {
-    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f),
-                 tiny = _mm512_set1_ps(TINY);
-    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), seven = _mm512_set1_epi32(7);
-    __m512 x[N], erf[N], a[N], t[N], p[N];
-    __m512i k[N];
+    __m512 x[N];
+    gelu_arguments_512<N>(g, acc, acc_stride, x);
+    gelu_reference_512_n<N>(x, g.reference);
     for (int v = 0; v < N; ++v) {
-        const __m512i values = _mm512_maskz_loadu_epi32(g.lanes, acc + v * acc_stride);
-        x[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(values), g.multiplier);
-        if (g.biased) x[v] = _mm512_add_ps(x[v], g.bias);
-        if (g.flush_tiny)  // flushed(): +0 where |x| < TINY
-            x[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x[v]), tiny, _CMP_NLT_UQ), x[v]);
-        erf[v] = _mm512_div_ps(x[v], g.divisor);
-        a[v] = _mm512_abs_ps(erf[v]);
-        // trunc(min(a·2, 7)): a NaN or a·2 past int32 converts to 2^31, which the unsigned min makes 7
-        k[v] = _mm512_min_epu32(_mm512_cvttps_epi32(_mm512_mul_ps(a[v], two)), seven);
-        t[v] = _mm512_sub_ps(a[v], _mm512_permutexvar_ps(k[v], g.centres));
-        p[v] = _mm512_permutexvar_ps(k[v], g.terms[0]);
-    }
-    for (int d = 1; d <= lpt_exp::ERF_DEGREE; ++d)
-        for (int v = 0; v < N; ++v) p[v] = _mm512_add_ps(_mm512_mul_ps(p[v], t[v]), _mm512_permutexvar_ps(k[v], g.terms[d]));
-    for (int v = 0; v < N; ++v) {
-        __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a[v], one, _CMP_LT_OQ), _mm512_sub_ps(one, p[v]),
-                                        _mm512_mul_ps(a[v], p[v]));
-        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a[v], four, _CMP_LT_OQ), one, y);
-        // the argument's sign (y is not negative), and a NaN argument as it is
-        y = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), _mm512_and_si512(_mm512_castps_si512(erf[v]), sign)));
-        y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(erf[v], erf[v], _CMP_UNORD_Q), erf[v]);
-        x[v] = _mm512_mul_ps(_mm512_mul_ps(x[v], _mm512_add_ps(y, g.gelu_one)), g.half);
         // store_quantized: x / scale clamped, rounded half to even, + zero point. The division, not levels_512's
         // product and checks: the port-bound polynomial leaves the divider idle (a 1×1 96 → 192 over 12×80, 2
         // threads, alternating: 109-116 µs so, 117-120 with the checks). min(high, y) keeps a NaN y, which
@@ -398,14 +397,55 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
         // store_quantized's max(NaN, low) does; the clamp commutes with rounding, its bounds being integers.
         const __m512 q = _mm512_min_ps(g.level_high, _mm512_div_ps(x[v], g.scale));
         const __m512i rounded = _mm512_cvt_roundps_epi32(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512i level = _mm512_add_epi32(_mm512_max_epi32(rounded, g.level_low), g.zero_point);
-        const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(level) : _mm512_cvtsepi32_epi8(level);
-        _mm_mask_storeu_epi8(out + v * out_stride, g.lanes, bytes);
+        store_levels_512<T>(g, _mm512_add_epi32(_mm512_max_epi32(rounded, g.level_low), g.zero_point), out + v * out_stride);
     }
 }
 
+// N positions from the approximation (gelu_fast_512_n), each vector with a lane next to a half of a level
+// again by gelu_positions_512. y' = RN(fast·r) (r = RN(1/scale)) lies within (GELU_FAST_ABS +
+// GELU_FAST_PER_U·u)·r (the checked bound, widened for the roundings) + 3.02·2^-24·bound (levels_512's three
+// roundings) of the reference's x / scale, so where |y' − rint(y')| plus the first term is below levels_512's
+// near_half, both round to the same level (clamped or not: the clamp's bounds are integers). A 1×1
+// 48 → 96 stage over 160×160 values near PaddleOCR's (scale 0.02): about one block of four in 80 takes the
+// reference again; 384 channels × 480 positions on one thread, 0.70 ns per value by the reference, 0.43 so.
+template <typename T, int N>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void gelu_fast_positions_512(
+        const GeluStage512 &g, const int32_t *acc, int64_t acc_stride, T *out, int64_t out_stride) {
+    __m512 x[N], y[N], u[N], n[N];
+    __mmask16 near[N], any = 0;
+    gelu_arguments_512<N>(g, acc, acc_stride, x);
+    gelu_fast_512_n<N>(x, g.approximation, y, u);
+    for (int v = 0; v < N; ++v) {
+        const Quantizer512 &q = g.quantize;
+        const __m512 level = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(y[v], q.reciprocal), q.low), q.high);
+        n[v] = _mm512_roundscale_ps(level, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 off = _mm512_fmadd_ps(u[v], g.per_u, _mm512_abs_ps(_mm512_sub_ps(level, n[v])));
+        near[v] = _mm512_cmp_ps_mask(off, q.near_half, _CMP_NLT_UQ);  // a NaN too
+        any |= near[v];
+    }
+    for (int v = 0; v < N; ++v) {
+        if (any && near[v])
+            gelu_positions_512<T, 1>(g, acc + v * acc_stride, acc_stride, out + v * out_stride, out_stride);
+        else
+            store_levels_512<T>(g, _mm512_cvtps_epi32(_mm512_add_ps(n[v], g.quantize.zero_point)), out + v * out_stride);
+    }
+}
+
+// The approximation's constants for a quantization, where its bound leaves room: per_u and near_half (levels_512's,
+// less the approximation's constant term), both rounded outwards.
+struct GeluFastLevels {
+    float per_u, near_half;
+};
+inline GeluFastLevels gelu_fast_levels(float scale, int zero_point, int qmin, int qmax) {
+    const Reciprocal r = reciprocal(scale, zero_point, qmin, qmax);
+    const double widen = 1.0 + 0x1p-19, per_r = (double)r.value * widen;
+    const float per_u = std::nextafter((float)(GELU_FAST_PER_U * per_r), INFINITY);
+    const float near_half = std::nextafter((float)((double)r.near_half - GELU_FAST_ABS * per_r - 0x1p-22), -INFINITY);
+    return {per_u, r.near_half > 0.0f ? near_half : -1.0f};
+}
+
 // The 8-bit output stage of a layer whose one post-op is a GELU, sixteen channels per register and four
-// positions at a time (gelu_positions_512). Lanes past `valid` are neither read nor written.
+// positions at a time. Lanes past `valid` are neither read nor written.
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const Epilogue &e, const int32_t *acc,
                                                                           int64_t acc_stride, int64_t count, int64_t c0,
@@ -415,14 +455,53 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const E
     g.multiplier = _mm512_maskz_loadu_ps(g.lanes, e.multiplier + c0);
     g.biased = e.bias != nullptr, g.flush_tiny = e.flush_tiny;
     g.bias = g.biased ? _mm512_maskz_loadu_ps(g.lanes, e.bias + c0) : _mm512_setzero_ps();
-    g.divisor = _mm512_set1_ps(e.post_ops[1]), g.gelu_one = _mm512_set1_ps(e.post_ops[2]), g.half = _mm512_set1_ps(e.post_ops[3]);
+    g.reference = gelu_reference_512(e.post_ops[1], e.post_ops[2], e.post_ops[3]);
     g.scale = _mm512_set1_ps(e.scale), g.level_high = _mm512_set1_ps((float)(e.qmax - e.zero_point));
     g.level_low = _mm512_set1_epi32(e.qmin - e.zero_point), g.zero_point = _mm512_set1_epi32(e.zero_point);
-    g.centres = _mm512_castps256_ps512(_mm256_load_ps(lpt_exp::ERF_CENTRES));
-    for (int j = 0; j <= lpt_exp::ERF_DEGREE; ++j) g.terms[j] = _mm512_castps256_ps512(_mm256_load_ps(lpt_exp::ERF_TERMS[j]));
+    const GeluFastLevels fast = gelu_fast_levels(e.scale, e.zero_point, e.qmin, e.qmax);
+    // The bound is checked for |x| < 2^126, and every channel's x stays there (|acc| ≤ 2^31); an infinite
+    // or NaN x, which the reference sends to a level of its own, never enters the approximation.
+    bool bounded = true;
+    for (int64_t c = c0; c < c0 + std::min(valid, LANES); ++c)
+        bounded = bounded && std::fabs((double)e.multiplier[c]) * 0x1p31 +
+                                         (e.bias ? std::fabs((double)e.bias[c]) : 0.0) < GELU_FAST_CHECKED_BELOW;
+    g.fast = bounded && gelu_fast_applies(e.post_ops[1], e.post_ops[2], e.post_ops[3]) && fast.near_half > 0.0f;
     int64_t j = 0;
+    if (g.fast) {
+        g.approximation = gelu_fast_512();
+        g.quantize = quantizer_512(e.scale, e.zero_point, e.qmin, e.qmax);
+        g.quantize.near_half = _mm512_set1_ps(fast.near_half);
+        g.per_u = _mm512_set1_ps(fast.per_u);
+        for (; j + 4 <= count; j += 4)
+            gelu_fast_positions_512<T, 4>(g, acc + j * acc_stride, acc_stride, out + j * out_stride, out_stride);
+    }
     for (; j + 4 <= count; j += 4) gelu_positions_512<T, 4>(g, acc + j * acc_stride, acc_stride, out + j * out_stride, out_stride);
     for (; j < count; ++j) gelu_positions_512<T, 1>(g, acc + j * acc_stride, acc_stride, out + j * out_stride, out_stride);
+}
+
+// gelu_fast_worst_ratio over [first, end): the largest ratio (a NaN's infinite) and its x.
+__attribute__((target("avx512f"))) void gelu_fast_worst_in(int64_t first, int64_t end, float &worst, float &at) {
+    const GeluReference512 reference = gelu_reference_512(GELU_FAST_DIVISOR, GELU_FAST_ONE, GELU_FAST_HALF);
+    const GeluFast512 fast = gelu_fast_512();
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 most = _mm512_setzero_ps(), where = _mm512_setzero_ps();
+    for (int64_t bits = first; bits < end; bits += 16) {
+        const __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(uint32_t)bits), lanes));
+        __m512 y, u, r = x;
+        gelu_fast_512_n<1>(&x, fast, &y, &u);
+        gelu_reference_512_n<1>(&r, reference);
+        const __m512 allowed = _mm512_fmadd_ps(u, _mm512_set1_ps(GELU_FAST_PER_U), _mm512_set1_ps(GELU_FAST_ABS));
+        __m512 ratio = _mm512_div_ps(_mm512_abs_ps(_mm512_sub_ps(y, r)), allowed);
+        ratio = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ratio, ratio, _CMP_ORD_Q), _mm512_set1_ps(INFINITY), ratio);
+        const __mmask16 larger = _mm512_cmp_ps_mask(ratio, most, _CMP_GT_OQ);
+        most = _mm512_mask_mov_ps(most, larger, ratio);
+        where = _mm512_mask_mov_ps(where, larger, x);
+    }
+    alignas(64) float m[16], w[16];
+    _mm512_store_ps(m, most), _mm512_store_ps(w, where);
+    worst = 0.0f, at = 0.0f;
+    for (int i = 0; i < 16; ++i)
+        if (m[i] > worst) worst = m[i], at = w[i];
 }
 
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
@@ -508,6 +587,21 @@ bool sixteen_lanes() {
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     }();
     return on;
+}
+
+double gelu_fast_worst_ratio(uint32_t first, uint32_t last, int threads, float *worst_x) {
+    constexpr int64_t BLOCK = 1 << 20;
+    const int64_t blocks = ((int64_t)last - first + BLOCK - 1) / BLOCK;
+    std::vector<float> worst(blocks, 0.0f), at(blocks, 0.0f);
+    lpt_parallel::run(threads, blocks, 1, [&](lpt_parallel::Chunks &chunks) {
+        for (int64_t b; chunks.next(b);)
+            gelu_fast_worst_in(first + b * BLOCK, std::min<int64_t>(last, first + (b + 1) * BLOCK), worst[b], at[b]);
+    });
+    int64_t top = 0;
+    for (int64_t b = 1; b < blocks; ++b)
+        if (worst[b] > worst[top]) top = b;
+    if (worst_x) *worst_x = blocks ? at[top] : 0.0f;
+    return blocks ? worst[top] : 0.0;
 }
 
 PackedWeights pack_weights(const int8_t *weights, const Geometry &g) {

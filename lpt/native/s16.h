@@ -31,6 +31,12 @@ bool supported();  // the CPU has AVX2
 // a CPU without AVX-512, so that one machine tests both.
 bool sixteen_lanes();
 
+// The GELU stage approximation's largest error against its bound (gelu512.h), |fast(x) − reference(x)| /
+// (GELU_FAST_ABS + GELU_FAST_PER_U·u), over the float32 values whose bits are in [first, last) (multiples
+// of 16), on `threads` threads; where it is, in worst_x. The stage relies on it being below 1 for every
+// finite x. Needs AVX-512 (sixteen_lanes()).
+double gelu_fast_worst_ratio(uint32_t first, uint32_t last, int threads, float *worst_x);
+
 // Memory on 64-byte boundaries: each step of the kernel loads 64 bytes of weights, one cache line
 // instead of parts of two.
 template <typename T>
