@@ -223,6 +223,46 @@ def test_wide_channels_first_sources(route, dtype, shape, kernel, pads):
     assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, zero_point, pads=list(pads)))
 
 
+POINTWISE_SHAPES = [  # (in, out channels, spatial): one band; rows in bands; weights that split output channels
+    (24, 40, (3, 5)), (48, 96, (40, 40)), (512, 512, (2, 2))]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@given(seed=st.integers(0, 2**32 - 1), shape=st.sampled_from(POINTWISE_SHAPES), one_d=st.booleans(),
+       stride=st.sampled_from([1, 2]), images=st.integers(1, 2), src_dtype=st.sampled_from([np.uint8, np.int8]),
+       destination=st.sampled_from(DESTINATIONS[:3]), post_ops=st.sampled_from([(), (Relu(),), (GELU,)]))
+@settings(max_examples=12, deadline=None)
+def test_a_pointwise_convolution_runs_as_a_matmul_with_the_same_bits(route, seed, shape, one_d, stride, images, src_dtype,
+                                                                     destination, post_ops):
+    """A 1×1 convolution (strided ones subsampled first) is a matmul of its channels-last source by its weights:
+    on oneDNN's routes it runs as one (_engine.cpp: pointwise), in one band, in bands of rows, or in bands of
+    output channels, staged by the primitive (Relu) or by lpt (GELU): the accumulators and the levels of lpt's
+    NumPy stage in both layouts."""
+    in_channels, out_channels, spatial = shape
+    rng = np.random.default_rng(seed)
+    spatial = (spatial[0] * spatial[1],) if one_d else spatial
+    info = np.iinfo(src_dtype)
+    src = rng.integers(info.min, int(info.max) + 1, (images, in_channels) + spatial).astype(src_dtype)
+    weights = rng.integers(-128, 128, (out_channels, in_channels) + (1,) * len(spatial)).astype(np.int8)
+    zero_point = int(rng.integers(info.min, int(info.max) + 1))
+    dst_scale, dst_zero_point, dst_dtype, _, _ = destination
+    stage = dict(multiplier=rng.uniform(1e-5, 1e-4, out_channels).astype(np.float32),
+                 bias=rng.normal(0, 1, out_channels).astype(np.float32), post_ops=post_ops,
+                 dst_scale=None if dst_scale is None else np.float32(dst_scale), dst_zero_point=np.int32(dst_zero_point))
+    strides = (stride,) * len(spatial)
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, strides=strides, dst_dtype=dst_dtype, route=route,
+                           threads=2, **stage)
+    accumulators = conv_reference(src, weights, zero_point, strides=list(strides)).astype(np.int32)
+    dst_info = np.iinfo(dst_dtype) if dst_dtype else None
+    expected = output_stage(accumulators, qmin=dst_info.min if dst_info else 0, qmax=dst_info.max if dst_info else 255,
+                            **stage)
+    assert np.array_equal(conv.accumulate(src), accumulators)
+    assert same_bits(conv(src), expected)
+    assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected)
+    if route in ("u8s8", "split"):
+        assert conv.implementation.startswith("brg:")  # oneDNN's matmul, not its 1×1 convolution (brgconv_1x1, jit_1x1)
+
+
 @pytest.mark.parametrize("route", ["split", "u8s8"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_strided_1x1_convolution_is_right_at_every_run(route, channels_last):

@@ -318,16 +318,19 @@ def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_
        size=st.sampled_from([6, 40]), layer_type=st.sampled_from([(np.uint8, 128), (np.int8, -5)]),
        other_type=st.sampled_from([(np.uint8, 0), (np.int8, 3)]),
        scales=st.sampled_from([(0.02, 0.03, 0.04), (0.25, 0.5, 1.0)]),  # the second: many ties
-       to=st.sampled_from([(0, 0, 255, False), (100, 0, 255, False), (-3, -128, 127, True), (0, -127, 127, True)]))
+       to=st.sampled_from([(0, 0, 255, False), (100, 0, 255, False), (-3, -128, 127, True), (0, -127, 127, True)]),
+       kernel=st.sampled_from([3, 1]))
 def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multiply, relu, layer_first, size, layer_type,
-                                                                    other_type, scales, to):
+                                                                    other_type, scales, to, kernel):
     """Where oneDNN applies the convolution's output stage, its primitive applies the residual join too (the layer's
     own levels never written; elsewhere lpt joins each band's rows): the bits of lpt's join of the layer's output,
-    either operand first, a sum or a product, with or without Relu, into uint8 or int8, one band or two."""
+    either operand first, a sum or a product, with or without Relu, into uint8 or int8, one band or two, 3×3
+    convolutions and 1×1 ones (which run as matmuls)."""
     rng = np.random.default_rng(seed)
+    pads = (kernel // 2,) * 4
 
     def conv(in_channels, src_zero_point, dtype, zero_point):
-        return lpt.native.Conv(rng.integers(-128, 128, (32, in_channels, 3, 3)).astype(np.int8), pads=(1, 1, 1, 1),
+        return lpt.native.Conv(rng.integers(-128, 128, (32, in_channels, kernel, kernel)).astype(np.int8), pads=pads,
                                src_zero_point=src_zero_point, multiplier=rng.uniform(2e-5, 6e-5, 32).astype(np.float32),
                                bias=rng.normal(0, 0.3, 32).astype(np.float32), dst_scale=np.float32(0.02),
                                dst_zero_point=np.int32(zero_point), dst_dtype=dtype, threads=2)
