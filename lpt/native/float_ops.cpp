@@ -473,15 +473,49 @@ void step_values(float *o, const float *operand, bool operand_first, int64_t cou
         for (int64_t i = 0; i < count; ++i) o[i] = apply<OP>(o[i], operand[i]);
 }
 
+void step_run(char op, float *o, const float *operand, bool operand_first, int64_t count) {
+    switch (op) {
+        case '*': step_values<'*'>(o, operand, operand_first, count); break;
+        case '+': step_values<'+'>(o, operand, operand_first, count); break;
+        case '-': step_values<'-'>(o, operand, operand_first, count); break;
+        default: step_values<'/'>(o, operand, operand_first, count); break;
+    }
+}
+
+// An upsampled step (ChainStep) on the values [start, start + count) of big: channels-last, each position's
+// run of channels is its source position's; channels-first, each row's values are its source row's, each
+// repeated up_w times (gathered into a buffer first).
+void upsampled_step(float *o, const ChainStep &s, int64_t start, int64_t count) {
+    const int64_t source_h = s.height / s.up_h, source_w = s.width / s.up_w;
+    int64_t e = s.offset + start;
+    const int64_t end = e + count;
+    if (s.channels_last) {
+        while (e < end) {
+            const int64_t c = e % s.channels, position = e / s.channels;
+            const int64_t x = position % s.width, y = position / s.width % s.height, n = position / (s.width * s.height);
+            const int64_t run = std::min(end - e, s.channels - c);
+            const float *from = s.operand + ((n * source_h + y / s.up_h) * source_w + x / s.up_w) * s.channels + c;
+            step_run(s.op, o, from, s.operand_first, run);
+            o += run, e += run;
+        }
+        return;
+    }
+    thread_local std::vector<float> row;
+    while (e < end) {
+        const int64_t x = e % s.width, y = e / s.width % s.height, plane = e / (s.width * s.height);
+        const int64_t run = std::min(end - e, s.width - x);
+        const float *from = s.operand + (plane * source_h + y / s.up_h) * source_w;
+        if ((int64_t)row.size() < run) row.resize(run);
+        for (int64_t i = 0; i < run; ++i) row[i] = from[(x + i) / s.up_w];
+        step_run(s.op, o, row.data(), s.operand_first, run);
+        o += run, e += run;
+    }
+}
+
 void chain_steps(float *o, const std::vector<ChainStep> &steps, int64_t start, int64_t count) {
     for (const ChainStep &s : steps) {
-        const float *v = s.operand + start;
-        switch (s.op) {
-            case '*': step_values<'*'>(o, v, s.operand_first, count); break;
-            case '+': step_values<'+'>(o, v, s.operand_first, count); break;
-            case '-': step_values<'-'>(o, v, s.operand_first, count); break;
-            default: step_values<'/'>(o, v, s.operand_first, count); break;
-        }
+        if (s.upsampled) upsampled_step(o, s, start, count);
+        else step_run(s.op, o, s.operand + start, s.operand_first, count);
     }
 }
 

@@ -42,11 +42,15 @@ void binary_quantized(char op, const float *big, const float *small, bool small_
                       int64_t channels, int64_t positions, bool channels_last, const QuantizeTo &to, void *out,
                       int threads);
 // A binary op after the first of a chain (chain): value = value ∘ operand, or operand ∘ value with
-// `operand_first`, the operand's values lying as big's do.
+// `operand_first`, the operand's values lying as big's do; or, with `upsampled`, the operand is the source of
+// a nearest upsampling by (up_h, up_w) to big's [N, C, height, width] (channels-last or not), its values read
+// where the upsampled tensor's would lie, `offset` its first value's index there.
 struct ChainStep {
     char op;
     bool operand_first;
     const float *operand;
+    bool upsampled = false, channels_last = false;
+    int64_t up_h = 1, up_w = 1, channels = 0, height = 0, width = 0, offset = 0;
 };
 // binary's value of each element, then each step's in order, in one pass: each operation rounds as it does
 // alone, so the values are those of the binary ops one after the other, without their tensors between them.

@@ -122,21 +122,26 @@ def test_a_binary_op_of_two_tensors_is_numpys(seed, operation, layouts, other, s
 @given(seed=st.integers(0, 2**32 - 1), operations=st.tuples(*[st.sampled_from(sorted(OPERATIONS))] * 3),
        layouts=st.tuples(st.sampled_from(["channels_first", "channels_last"]),
                          st.sampled_from(["channels_first", "channels_last"])),
-       scale=st.sampled_from(["per_channel", "scalar", "same"]), last=st.sampled_from(["same", "per_channel"]),
+       scale=st.sampled_from(["per_channel", "scalar", "same"]),
+       last=st.sampled_from(["same", "per_channel", (1, 2), (5, 2)]),
        sides=st.tuples(st.booleans(), st.booleans(), st.booleans()), through_a_view=st.booleans(),
        kept=st.booleans(), quantized=st.sampled_from([None, (0.05, 128, 0, 255, False), (0.02, -3, -128, 127, True)]))
 @settings(max_examples=80, deadline=None)
 def test_binary_ops_one_after_the_other_are_numpys(seed, operations, layouts, scale, last, sides, through_a_view, kept,
                                                    quantized):
     """y = x ∘ s, then a = x ∘ y, then z = a ∘ r (each on either side), as PaddleOCR's detector ends its pyramid
-    (x + x·s + r): where each result is read by the next op alone, the engine computes the three in one pass,
-    or, where an operand lies otherwise or broadcasts, one after the other; where a result is also an output,
-    it is written. Every value is numpy's, op by op."""
+    (x + x·s + up(r)): where each result is read by the next op alone, the engine computes the three in one pass,
+    r read from the source of its nearest upsampling where it has one (`last` its factors), or, where an operand
+    lies otherwise or broadcasts, one after the other; where a result is also an output, it is written. Every
+    value is numpy's, op by op."""
+    from lpt.kernels.pooling import upsample_nearest
+
     rng = np.random.default_rng(seed)
     make_x, feeds_x, x = source(rng, (2, 6, 5, 4), layouts[0])
     s = rng.normal(0, 2, {"per_channel": (2, 6, 1, 1), "scalar": (1, 1, 1), "same": (2, 6, 5, 4)}[scale]).astype(np.float32)
-    if last == "same":
-        make_r, feeds_r, r = source(rng, (2, 6, 5, 4), layouts[1])
+    upsampled = isinstance(last, tuple)
+    if last == "same" or upsampled:
+        make_r, feeds_r, r = source(rng, (2, 6, 5 // last[0], 4 // last[1]) if upsampled else (2, 6, 5, 4), layouts[1])
         make_r = [(kind, ["q2"], "r", p) for kind, _, _, p in make_r]
         feeds_r = {("q2" if k == "q" else "r"): v for k, v in feeds_r.items()}
     else:
@@ -146,8 +151,10 @@ def test_binary_ops_one_after_the_other_are_numpys(seed, operations, layouts, sc
     code = [("binary", pair("x", "s", sides[0]), "y", operations[0])]
     if through_a_view:
         code.append(("identity", ["y"], "view", None))
+    if upsampled:
+        code.append(("resize_nearest", ["r"], "r_up", last))
     code += [("binary", pair("x", "view" if through_a_view else "y", sides[1]), "a", operations[1]),
-             ("binary", pair("a", "r", sides[2]), "z", operations[2])]
+             ("binary", pair("a", "r_up" if upsampled else "r", sides[2]), "z", operations[2])]
     if quantized:
         code.append(("quantize", ["z"], "q_z", quantized))
     outputs = (["y"] if kept else []) + ["q_z" if quantized else "z"]
@@ -155,7 +162,7 @@ def test_binary_ops_one_after_the_other_are_numpys(seed, operations, layouts, sc
     results = program(*feeds_x.values(), s, *feeds_r.values())
     apply = lambda operation, first, second, swap: OPERATIONS[operation](*((second, first) if swap else (first, second)))
     y = apply(operations[0], x, s, sides[0])
-    z = apply(operations[2], apply(operations[1], x, y, sides[1]), r, sides[2])
+    z = apply(operations[2], apply(operations[1], x, y, sides[1]), upsample_nearest(r, last) if upsampled else r, sides[2])
     if quantized:
         z = quantize(z, *quantized[:4])
     assert same_bits(results[-1], z)
