@@ -1155,6 +1155,7 @@ void prepare_epilogue(Operation &op) {
     e.scale = s.scale;
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
     e.flush_tiny = tiny_values_quantize_as_zero(s);
+    lpt_s16::prepare_gelu_fast(e, op.out_channels);
     op.onednn_stage = onednn_can_stage(op);
 }
 

@@ -431,19 +431,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
     }
 }
 
-// The approximation's constants for a quantization, where its bound leaves room: per_u and near_half (levels_512's,
-// less the approximation's constant term), both rounded outwards.
-struct GeluFastLevels {
-    float per_u, near_half;
-};
-inline GeluFastLevels gelu_fast_levels(float scale, int zero_point, int qmin, int qmax) {
-    const Reciprocal r = reciprocal(scale, zero_point, qmin, qmax);
-    const double widen = 1.0 + 0x1p-19, per_r = (double)r.value * widen;
-    const float per_u = std::nextafter((float)(GELU_FAST_PER_U * per_r), INFINITY);
-    const float near_half = std::nextafter((float)((double)r.near_half - GELU_FAST_ABS * per_r - 0x1p-22), -INFINITY);
-    return {per_u, r.near_half > 0.0f ? near_half : -1.0f};
-}
-
 // The 8-bit output stage of a layer whose one post-op is a GELU, sixteen channels per register and four
 // positions at a time. Lanes past `valid` are neither read nor written.
 template <typename T>
@@ -458,20 +445,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const E
     g.reference = gelu_reference_512(e.post_ops[1], e.post_ops[2], e.post_ops[3]);
     g.scale = _mm512_set1_ps(e.scale), g.level_high = _mm512_set1_ps((float)(e.qmax - e.zero_point));
     g.level_low = _mm512_set1_epi32(e.qmin - e.zero_point), g.zero_point = _mm512_set1_epi32(e.zero_point);
-    const GeluFastLevels fast = gelu_fast_levels(e.scale, e.zero_point, e.qmin, e.qmax);
-    // The bound is checked for |x| < 2^126, and every channel's x stays there (|acc| ≤ 2^31); an infinite
-    // or NaN x, which the reference sends to a level of its own, never enters the approximation.
-    bool bounded = true;
-    for (int64_t c = c0; c < c0 + std::min(valid, LANES); ++c)
-        bounded = bounded && std::fabs((double)e.multiplier[c]) * 0x1p31 +
-                                         (e.bias ? std::fabs((double)e.bias[c]) : 0.0) < GELU_FAST_CHECKED_BELOW;
-    g.fast = bounded && gelu_fast_applies(e.post_ops[1], e.post_ops[2], e.post_ops[3]) && fast.near_half > 0.0f;
+    g.fast = e.gelu_near_half > 0.0f;
     int64_t j = 0;
     if (g.fast) {
         g.approximation = gelu_fast_512();
         g.quantize = quantizer_512(e.scale, e.zero_point, e.qmin, e.qmax);
-        g.quantize.near_half = _mm512_set1_ps(fast.near_half);
-        g.per_u = _mm512_set1_ps(fast.per_u);
+        g.quantize.near_half = _mm512_set1_ps(e.gelu_near_half);
+        g.per_u = _mm512_set1_ps(e.gelu_per_u);
         for (; j + 4 <= count; j += 4)
             gelu_fast_positions_512<T, 4>(g, acc + j * acc_stride, acc_stride, out + j * out_stride, out_stride);
     }
@@ -579,6 +559,27 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
 }  // namespace
 
 bool supported() { return __builtin_cpu_supports("avx2"); }
+
+void prepare_gelu_fast(Epilogue &e, int64_t channels) {
+    e.gelu_per_u = 0.0f, e.gelu_near_half = -1.0f;
+    if (e.type == Epilogue::f32 || e.post_op_count != 1 || e.post_ops[0] != GELU ||
+        !gelu_fast_applies(e.post_ops[1], e.post_ops[2], e.post_ops[3]))
+        return;
+    // The bound is checked for |x| < 2^126, and every channel's x stays there (|acc| ≤ 2^31); an infinite
+    // or NaN x, which the reference sends to a level of its own, never enters the approximation.
+    for (int64_t c = 0; c < channels; ++c)
+        if (!(std::fabs((double)e.multiplier[c]) * 0x1p31 + (e.bias ? std::fabs((double)e.bias[c]) : 0.0) <
+              GELU_FAST_CHECKED_BELOW))
+            return;
+    // levels_512's near_half less the approximation's constant term, and its term per unit of u, both widened
+    // for their roundings
+    const Reciprocal r = reciprocal(e.scale, e.zero_point, e.qmin, e.qmax);
+    const double per_r = (double)r.value * (1.0 + 0x1p-19);
+    const float near_half = std::nextafter((float)((double)r.near_half - GELU_FAST_ABS * per_r - 0x1p-22), -INFINITY);
+    if (!(r.near_half > 0.0f && near_half > 0.0f)) return;
+    e.gelu_per_u = std::nextafter((float)(GELU_FAST_PER_U * per_r), INFINITY);
+    e.gelu_near_half = near_half;
+}
 
 bool sixteen_lanes() {
     static const bool on = [] {

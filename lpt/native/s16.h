@@ -112,8 +112,17 @@ struct Epilogue {
     // tiny_values_quantize_as_zero says when): subnormal floats take a microcode assist per operation on
     // Intel CPUs, and a real detector's GELU layers (biases of 1e-41 in dead channels) ran ten times slower.
     bool flush_tiny = false;
+    // A GELU stage's approximation (gelu512.h), where it applies: its margin per unit of u, and the distance
+    // from a half within which a level is computed again; −1 where the reference computes every level.
+    // Set by prepare_gelu_fast.
+    float gelu_per_u = 0.0f, gelu_near_half = -1.0f;
 };
 constexpr float TINY = 0x1p-96f;
+
+// e's gelu_per_u and gelu_near_half, for `channels` channels of multipliers and biases: where its one post-op
+// is PaddleOCR's GELU, every channel's x is within the approximation's checked range, and the quantization
+// leaves room for its margin.
+void prepare_gelu_fast(Epilogue &e, int64_t channels);
 
 // out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values
