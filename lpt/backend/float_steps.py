@@ -25,7 +25,7 @@ the same bits:
       Tanh, Add, Mul, Mul
     Mul, Add, Sub, Div           numpy's ·, +, −, /               "binary" (the broadcasts _engine_broadcasts lists;
                                                                     none where a shape is not known)
-    Concat (channels)            numpy's concatenate              "concat" (float32 or 8-bit)
+    Concat                       numpy's concatenate              "concat" (float32 or 8-bit; an axis, the channels' None)
     Softmax (last axis)          kernels.softmax                  "softmax"
     ReduceMax, Max, ... (10 ops) kernels.softmax                  "softmax" (jax2tf's softmax, chains.read_written_softmax)
     LayerNormalization (last)    kernels.layer_norm               "layer_norm"
@@ -342,14 +342,18 @@ def _nearest_upsampling(node: ir.Node) -> tuple | None:
 
 
 def _concat(node: ir.Node) -> tuple | None:
-    """Concat of the channels of tensors of one type, float32 or 8-bit: a copy, as ONNX's (an 8-bit one is what
-    the low precision transformations leave of a Concat of branches quantized alike)."""
+    """Concat of tensors of one type, float32 or 8-bit: a copy, as ONNX's (an 8-bit one is what the low precision
+    transformations leave of a Concat of branches quantized alike). Along the channels, or any other axis
+    (basic_pitch's harmonic stacking joins eight [N, 172, 309, 1] along the last)."""
     x = node.inputs[0]
     if any(v is None or v.dtype != x.dtype for v in node.inputs) or x.shape is None or len(x.shape) < 2:
         return None
-    if x.dtype not in (_FLOAT, ir.DataType.UINT8, ir.DataType.INT8) or attribute(node, "axis", 1) not in (1, 1 - len(x.shape)):
+    axis = attribute(node, "axis", 1)
+    if x.dtype not in (_FLOAT, ir.DataType.UINT8, ir.DataType.INT8) or not -len(x.shape) <= axis < len(x.shape):
         return None
-    return _float_step(lambda *parts: [np.concatenate(parts, axis=1)], list(node.inputs), node, ("concat", None))
+    axis %= len(x.shape)
+    return _float_step(lambda *parts: [np.concatenate(parts, axis=axis)], list(node.inputs), node,
+                       ("concat", None if axis == 1 else axis))
 
 
 def reads_model_input_from_a_table(node: ir.Node, constants: dict) -> bool:

@@ -2404,6 +2404,52 @@ void run_chain(Program &program, const Instruction &ins, Slot &out) {
     for (Slot &u : upsampled) u.release();
 }
 
+// A concatenation along an axis other than the channels: each part channels-first, then for each index of
+// the axes before `axis`, each part's values from there on in turn.
+void concatenate_along(Program &program, const Instruction &ins, Slot &out) {
+    const Slot &a = program.slots[ins.in[0]];
+    const size_t axis = (size_t)ins.axis;
+    if (axis >= a.dims.size()) throw Unsupported("a concatenation along an axis past the rank");
+    int64_t extent = 0;
+    for (int slot : ins.in) {
+        const Slot &part = program.slots[slot];
+        for (size_t d = 0; d < a.dims.size(); ++d)
+            if (part.type != a.type || part.dims.size() != a.dims.size() || (d != axis && part.dims[d] != a.dims[d]))
+                throw Unsupported("a concatenation of other than one type and shape but for its axis");
+        extent += part.dims[axis];
+    }
+    out.dims = a.dims;
+    out.dims[axis] = extent;
+    const int64_t item = a.item();
+    int64_t outer = 1, inner = item;  // the indices before the axis, and the bytes of one index of it onwards
+    for (size_t d = 0; d < axis; ++d) outer *= a.dims[d];
+    for (size_t d = axis + 1; d < a.dims.size(); ++d) inner *= a.dims[d];
+    const int64_t row = extent * inner;
+    char *o = static_cast<char *>(out.allocate(a.type, out.count()));
+    std::vector<std::vector<char>> reordered;  // parts that lie channels-last, channels-first
+    std::vector<std::pair<const char *, int64_t>> parts;  // values, bytes per index before the axis
+    for (int slot : ins.in) {
+        const Slot &part = program.slots[slot];
+        const char *values = static_cast<const char *>(part.data);
+        if (part.transposed()) {
+            reordered.emplace_back((size_t)(part.count() * item));
+            part.channels_first_into(reordered.back().data(), program.threads);
+            values = reordered.back().data();
+        }
+        parts.emplace_back(values, part.dims[axis] * inner);
+    }
+    // each block of rows from every part in turn, while the block's output lines are in cache
+    constexpr int64_t block = 256;
+    lpt_parallel::for_each(outer * row >= PARALLEL_WORK ? program.threads : 1, (outer + block - 1) / block, [&](int64_t b) {
+        const int64_t first = b * block, count = std::min(block, outer - first);
+        int64_t offset = 0;
+        for (const auto &[values, width] : parts) {
+            copy_runs(o + first * row + offset, row, values + first * width, width, width, count);
+            offset += width;
+        }
+    });
+}
+
 void step(Program &program, const Instruction &ins) {
     if (ins.code == Code::folded) return;
     std::vector<Slot> &slots = program.slots;
@@ -2598,8 +2644,12 @@ void step(Program &program, const Instruction &ins) {
         }
         case Code::binary: run_binary(program, ins.op, a, slots[ins.in[1]], ins.quantized ? &ins.quantize_to : nullptr, out); break;
         case Code::chain: run_chain(program, ins, out); break;
-        case Code::concat: {  // along the channels, channels-first
-            int64_t channels = 0;
+        case Code::concat: {
+            if (ins.axis != 1) {
+                concatenate_along(program, ins, out);
+                break;
+            }
+            int64_t channels = 0;  // along the channels
             for (int slot : ins.in) {
                 const Slot &part = slots[slot];
                 if (part.type != a.type || part.dims.size() != a.dims.size() || part.dims.size() < 2 ||
@@ -3091,7 +3141,7 @@ bool reads_fit(const Instruction &ins) {
 // The instructions that take no parameters (their extra is None)
 const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"mean", Code::mean}, {"identity", Code::identity}, {"relu", Code::relu}, {"hard_swish", Code::hard_swish},
-    {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"log", Code::log}, {"concat", Code::concat},
+    {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"log", Code::log},
     {"softmax", Code::softmax}, {"global_max", Code::global_max}};
 
 PyObject *py_program(PyObject *, PyObject *args) {
@@ -3129,6 +3179,13 @@ PyObject *py_program(PyObject *, PyObject *args) {
             };
             if (const auto plain = PLAIN_INSTRUCTIONS.find(k); plain != PLAIN_INSTRUCTIONS.end()) {
                 ins.code = plain->second;
+            } else if (k == "concat") {  // None: the channels; else the axis
+                ins.code = Code::concat;
+                ins.axis = 1;
+                if (extra != Py_None) {
+                    ins.axis = PyLong_AsLongLong(extra);
+                    parsed = !PyErr_Occurred() && ins.axis >= 0;
+                }
             } else if (k == "layer") {
                 ins.code = Code::layer;
                 parsed = hold(ins.operation = operation(extra));

@@ -184,6 +184,27 @@ def test_a_concatenation_of_the_channels_is_numpys(layouts):
     assert same_bits(y, np.concatenate([a, b, a], axis=1))
 
 
+@pytest.mark.parametrize("axis", [0, 2, 3])
+@pytest.mark.parametrize("layouts", [("channels_first", "channels_first"), ("channels_last", "channels_first"),
+                                     ("channels_last", "channels_last")])
+def test_a_concatenation_along_another_axis_is_numpys(axis, layouts):
+    """basic_pitch's harmonic stacking joins eight [N, 172, 309, 1] along the last axis: parts of 1, 3 and 2
+    along the axis (a part channels-last goes channels-first first), enough rows for both threads."""
+    rng = np.random.default_rng(axis)
+    shape = [2, 6, 40, 50]
+    parts, make, feeds = [], [], {}
+    for index, (extent, layout) in enumerate(zip([1, 3, 2], layouts + layouts[:1])):
+        part_shape = list(shape)
+        part_shape[axis] = extent
+        make_p, feeds_p, p = source(rng, tuple(part_shape), layout)
+        make += [(kind, [f"q{index}"], f"p{index}", param) for kind, _, _, param in make_p]
+        feeds.update({(f"q{index}" if k == "q" else f"p{index}"): v for k, v in feeds_p.items()})
+        parts.append(p)
+    program = Program(make + [("concat", ["p0", "p1", "p2", "p0"], "y", axis)], list(feeds), ["y"], threads=2)
+    [y] = program(*feeds.values())
+    assert same_bits(y, np.concatenate(parts + parts[:1], axis=axis))
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_gelu_is_lpts_kernel_and_its_five_ops_one_by_one(layout):
     """The "gelu" instruction against lpt.kernels.gelu and against Div, Erf, Add, Mul, Mul one at a time
