@@ -774,7 +774,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
                 const tag plain = rank == 3 ? tag::abc : rank == 4 ? tag::abcd : tag::abcde;  // [OC, IC, *kernel]
                 band.weights = reordered(op.weights.data() + first * per_channel,
                                          memory::desc(weight_dims, dt::s8, plain), chosen);
-            } else {  // the weights' columns [K, first:end]: a pointwise convolution's rows of [OC, IC], a matmul's made contiguous
+            } else {  // the weights' columns [K, first:end]: a matmul's made contiguous, a pointwise convolution's
+                      // rows [first:end] of [OC, IC] as they are
                 const int64_t k = op.in_channels, width = end - first;
                 std::vector<int8_t> columns;
                 if (op.kind == Kind::matmul) {
@@ -789,8 +790,8 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
                                                  attributes({positions, width}));
                 const memory::desc chosen = adopt<matmul>(band, pd, p->impl);
                 band.weights = op.kind == Kind::matmul
-                                       ? reordered(columns.data(), memory::desc(weight_dims, dt::s8, tag::ab), chosen)
-                                       : reordered(op.weights.data() + first * k, memory::desc(weight_dims, dt::s8, tag::ba), chosen);
+                        ? reordered(columns.data(), memory::desc(weight_dims, dt::s8, tag::ab), chosen)
+                        : reordered(op.weights.data() + first * k, memory::desc(weight_dims, dt::s8, tag::ba), chosen);
             }
             band.dst_offset = (size_t)(positions * first);
             band.first_row = 0, band.end_row = positions;
@@ -3051,7 +3052,8 @@ void fold_upsamplings(Program &program) {
     std::vector<Instruction> &code = program.code;
     std::vector<int> reads(program.slots.size(), 0), producer(program.slots.size(), -1);
     for (size_t i = 0; i < code.size(); ++i) {
-        for (int slot : code[i].in) ++reads[slot];
+        if (code[i].code != Code::folded)  // its reads are the chain's that took it
+            for (int slot : code[i].in) ++reads[slot];
         producer[code[i].out] = (int)i;
     }
     for (int slot : program.outputs) ++reads[slot];
