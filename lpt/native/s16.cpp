@@ -401,6 +401,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
     }
 }
 
+// One position by the reference, out of line: inlined into gelu_fast_positions_512's loop, its constants and
+// registers crowded the approximation's.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void gelu_position_512(const GeluStage512 &g, const int32_t *acc,
+                                                                                     int64_t acc_stride, T *out, int64_t out_stride) {
+    gelu_positions_512<T, 1>(g, acc, acc_stride, out, out_stride);
+}
+
 // N positions from the approximation (gelu_fast_512_n), each vector with a lane next to a half of a level
 // again by gelu_positions_512. y' = RN(fast·r) (r = RN(1/scale)) lies within (GELU_FAST_ABS +
 // GELU_FAST_PER_U·u)·r (the checked bound, widened for the roundings) + 3.02·2^-24·bound (levels_512's three
@@ -425,7 +433,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
     }
     for (int v = 0; v < N; ++v) {
         if (any && near[v])
-            gelu_positions_512<T, 1>(g, acc + v * acc_stride, acc_stride, out + v * out_stride, out_stride);
+            gelu_position_512<T>(g, acc + v * acc_stride, acc_stride, out + v * out_stride, out_stride);
         else
             store_levels_512<T>(g, _mm512_cvtps_epi32(_mm512_add_ps(n[v], g.quantize.zero_point)), out + v * out_stride);
     }
