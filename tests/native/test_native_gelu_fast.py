@@ -25,7 +25,7 @@ def test_the_approximation_is_within_its_bound_for_every_float32_below_2_126(fir
         ratio, x = lpt.native.engine.gelu_fast_worst_ratio(first, last, 2)
     except RuntimeError as err:  # no AVX-512 here (the CPU, or LPT_AVX512=off): the stage divides as the reference
         pytest.skip(str(err))
-    assert ratio < 0.9, f"the approximation is {ratio:.3f} of its bound at x = {x!r}"
+    assert ratio < 1, f"the approximation is {ratio:.3f} of its bound at x = {x!r}"
 
 
 @pytest.mark.parametrize("route", ROUTES)

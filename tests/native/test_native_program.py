@@ -500,3 +500,40 @@ def test_an_upsampling_between_int8_layers_keeps_the_network_one_native_call():
     fused, one_by_one = plan.run(feeds)["y"], plan.run(feeds, keep=True)["y"]
     kernels_only = compile_model(model, threads=1, native=False).run(feeds)["y"]
     assert np.array_equal(fused, one_by_one) and np.array_equal(fused, kernels_only)
+
+
+def stacking_net():
+    """Two Concats along the last axis after a convolution: one of its output with itself (basic_pitch's
+    harmonic stacking, every part lpt's), one of its output with a Sin of it (its CQT's stacks, a part
+    onnxruntime's), then a convolution of their sum."""
+    rng = np.random.default_rng(3)
+    initializers = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "first.w"),
+                    numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "head.w")]
+    nodes = [helper.make_node("Conv", ["x", "first.w"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Concat", ["r", "r"], ["stacked"], axis=3),
+             helper.make_node("Sin", ["r"], ["s"]),
+             helper.make_node("Concat", ["r", "s"], ["mixed"], axis=-1),
+             helper.make_node("Add", ["stacked", "mixed"], ["sum"]),
+             helper.make_node("Conv", ["sum", "head.w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)]
+    graph = helper.make_graph(nodes, "stacking", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_concat_along_another_axis_is_lpts_where_its_parts_are():
+    """A Concat along the last axis whose parts are all lpt's is an instruction of the native program; one with
+    a part from onnxruntime stays in that part's region (taken, it would cut the region around it). The plan
+    gives the NumPy kernels' bits, fused and step by step."""
+    rng = np.random.default_rng(4)
+    fq = lpt.calibrate(ir.serde.deserialize_model(stacking_net()),
+                       {"x": rng.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32)}, quiet=True).model
+    model = clone(fq)
+    transform(model)
+    plan = compile_model(model, threads=2)
+    assert [s.native for s in plan.steps if s.op_types == ("Concat",)] == [("concat", 3)]
+    assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Sin", "Concat")]
+    feeds = {"x": rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)}
+    fused, one_by_one = plan.run(feeds)["y"], plan.run(feeds, keep=True)["y"]
+    kernels_only = compile_model(model, threads=1, native=False).run(feeds)["y"]
+    assert np.array_equal(fused, one_by_one) and np.array_equal(fused, kernels_only)
