@@ -464,6 +464,27 @@ def test_a_nearest_upsampling_equals_lpts_in_either_layout(seed, kh, kw, dtype, 
     assert same_bits(got, expected)
 
 
+def float_net(nodes, name, x_shape, initializers) -> onnx.ModelProto:
+    """A float32 model of `nodes` from input x (x_shape) to output y."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def calibrated_plan(net: onnx.ModelProto, calibration: np.ndarray):
+    """The model calibrated on x = `calibration` and transformed, and its plan on two threads."""
+    model = clone(lpt.calibrate(ir.serde.deserialize_model(net), {"x": calibration}, quiet=True).model)
+    transform(model)
+    return model, compile_model(model, threads=2)
+
+
+def assert_fused_is_kernels(model, plan, feeds: dict) -> None:
+    """The plan's output, fused and step by step, is the NumPy kernels' bit for bit."""
+    fused, one_by_one = plan.run(feeds)["y"], plan.run(feeds, keep=True)["y"]
+    kernels_only = compile_model(model, threads=1, native=False).run(feeds)["y"]
+    assert np.array_equal(fused, one_by_one) and np.array_equal(fused, kernels_only)
+
+
 def pyramid_net():
     """A feature pyramid's top-down step, as PaddleOCR's detector has it: a coarse map upsampled ×2
     (Resize nearest, asymmetric, floor) and added to a finer one, then a convolution."""
@@ -480,26 +501,17 @@ def pyramid_net():
              helper.make_node("Conv", ["x", "fine.w"], ["fine"], kernel_shape=[1, 1]),
              helper.make_node("Add", ["up", "fine"], ["sum"]),
              helper.make_node("Conv", ["sum", "head.w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)]
-    graph = helper.make_graph(nodes, "pyramid", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return float_net(nodes, "pyramid", ["N", 3, 16, 16], initializers)
 
 
 def test_an_upsampling_between_int8_layers_keeps_the_network_one_native_call():
     """Left to onnxruntime, the Resize cut PaddleOCR's detector into three native programs and an
     onnxruntime region (2.9 ms of its 100); as a step, the whole network is one call."""
     rng = np.random.default_rng(2)
-    fq = lpt.calibrate(ir.serde.deserialize_model(pyramid_net()),
-                       {"x": rng.uniform(-1, 1, (8, 3, 16, 16)).astype(np.float32)}, quiet=True).model
-    model = clone(fq)
-    transform(model)
-    plan = compile_model(model, threads=2)
+    model, plan = calibrated_plan(pyramid_net(), rng.uniform(-1, 1, (8, 3, 16, 16)).astype(np.float32))
     assert [s.engine for s in plan.run_steps] == [ENGINE]
     assert ("resize_nearest", (2, 2)) in [s.native for s in plan.steps]
-    feeds = {"x": rng.uniform(-1, 1, (3, 3, 16, 16)).astype(np.float32)}
-    fused, one_by_one = plan.run(feeds)["y"], plan.run(feeds, keep=True)["y"]
-    kernels_only = compile_model(model, threads=1, native=False).run(feeds)["y"]
-    assert np.array_equal(fused, one_by_one) and np.array_equal(fused, kernels_only)
+    assert_fused_is_kernels(model, plan, {"x": rng.uniform(-1, 1, (3, 3, 16, 16)).astype(np.float32)})
 
 
 def stacking_net():
@@ -516,9 +528,7 @@ def stacking_net():
              helper.make_node("Concat", ["r", "s"], ["mixed"], axis=-1),
              helper.make_node("Add", ["stacked", "mixed"], ["sum"]),
              helper.make_node("Conv", ["sum", "head.w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)]
-    graph = helper.make_graph(nodes, "stacking", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return float_net(nodes, "stacking", ["N", 3, 8, 8], initializers)
 
 
 def test_a_concat_along_another_axis_is_lpts_where_its_parts_are():
@@ -526,14 +536,7 @@ def test_a_concat_along_another_axis_is_lpts_where_its_parts_are():
     a part from onnxruntime stays in that part's region (taken, it would cut the region around it). The plan
     gives the NumPy kernels' bits, fused and step by step."""
     rng = np.random.default_rng(4)
-    fq = lpt.calibrate(ir.serde.deserialize_model(stacking_net()),
-                       {"x": rng.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32)}, quiet=True).model
-    model = clone(fq)
-    transform(model)
-    plan = compile_model(model, threads=2)
+    model, plan = calibrated_plan(stacking_net(), rng.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32))
     assert [s.native for s in plan.steps if s.op_types == ("Concat",)] == [("concat", 3)]
     assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Sin", "Concat")]
-    feeds = {"x": rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)}
-    fused, one_by_one = plan.run(feeds)["y"], plan.run(feeds, keep=True)["y"]
-    kernels_only = compile_model(model, threads=1, native=False).run(feeds)["y"]
-    assert np.array_equal(fused, one_by_one) and np.array_equal(fused, kernels_only)
+    assert_fused_is_kernels(model, plan, {"x": rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)})
