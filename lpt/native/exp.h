@@ -145,6 +145,29 @@ __attribute__((target("avx2"))) inline __m256 exp_lanes(__m256 t) {
     return t;
 }
 
+// exp_lanes_n on vectors of sixteen lanes: the same operations, each on twice the lanes.
+template <int N>
+__attribute__((target("avx512f"))) inline void exp_lanes_512_n(__m512 *t) {
+    const __m512 round = _mm512_set1_ps(ROUND);
+    __m512 n[N], r[N], p[N];
+    for (int v = 0; v < N; ++v) {
+        const __m512 clamped = _mm512_min_ps(_mm512_max_ps(t[v], _mm512_set1_ps(LOW)), _mm512_set1_ps(HIGH));
+        n[v] = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(LOG2E)), round), round);
+        r[v] = _mm512_sub_ps(_mm512_sub_ps(clamped, _mm512_mul_ps(n[v], _mm512_set1_ps(LN2_HI))),
+                             _mm512_mul_ps(n[v], _mm512_set1_ps(LN2_LO)));
+        p[v] = _mm512_set1_ps(P0);
+    }
+    for (const float c : {P1, P2, P3, P4, P5})
+        for (int v = 0; v < N; ++v) p[v] = _mm512_add_ps(_mm512_mul_ps(p[v], r[v]), _mm512_set1_ps(c));
+    for (int v = 0; v < N; ++v) {
+        const __m512 two_to_n = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n[v]), _mm512_set1_epi32(127)), 23));
+        const __m512 e = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p[v], _mm512_mul_ps(r[v], r[v])), r[v]),
+                                                     _mm512_set1_ps(1.0f)), two_to_n);
+        t[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(t[v], t[v], _CMP_UNORD_Q), e, t[v]);
+    }
+}
+
 // sigmoid on N vectors of eight lanes, in place (their exps interleaved, as exp_lanes_n's): the NaN lanes
 // take x.
 template <int N>

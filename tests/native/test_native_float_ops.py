@@ -393,6 +393,20 @@ def test_softmax_layer_norm_and_erf_are_lpts(seed, width, layout, scale):
     assert same_bits(e, erf(x))
 
 
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(60, 300), special=st.sampled_from([None, np.nan, np.inf, -np.inf]),
+       at=st.integers(0, 299))
+@settings(max_examples=40, deadline=None)
+def test_a_long_softmax_row_is_lpts(seed, width, special, at):
+    """Rows long enough for the AVX-512 form (64 values at a time, then the rest eight and one at a time, the
+    sum in sum_in_lanes' order throughout), with a NaN or an infinity anywhere in one of them."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 5, (3, width)).astype(np.float32)
+    if special is not None:
+        x[1, at % width] = special
+    [s] = Program([("softmax", ["x"], "s", None)], ["x"], ["s"], threads=2)(x)
+    assert same_bits(s, softmax(x))
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_tanh_is_lpts_on_every_lane_and_the_tail(layout):
     """Both sides of tanh's split (0.625), NaN, ±inf, ±0, past exp's clamp, in the eight lanes and one by one."""
