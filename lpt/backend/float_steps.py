@@ -51,6 +51,7 @@ the same bits:
     Cast between float32, bool   numpy's astype                   "identity" from float32 to float32, else none
 
 The plan takes such a node only where an int8 step (or a step of this module) makes a tensor it reads,
+where only native programs read its output (the end of an onnxruntime region: plan._ends_a_region),
 a Gather from a constant table where the model's input holds its indices (a token embedding), and the
 layers of a power spectrum that stays in float32 wherever they are (try_spectrum_step says why); elsewhere
 float32 regions stay with onnxruntime. onnxruntime computes the same bits but for
