@@ -9,7 +9,8 @@ the same bits:
 
     Identity (any type)          the same array                   "identity" (a view)
     Reshape, Transpose,          numpy's                          "reshape", "transpose", "squeeze",
-      Squeeze, Unsqueeze, Slice                                     "unsqueeze", "slice" (int8_steps.layout_step)
+      Squeeze, Unsqueeze, Slice,                                    "unsqueeze", "slice" (int8_steps.layout_step)
+      Gather (one index)
     BatchNormalization           x·a[c] + b[c]                    "affine"
     Sigmoid                      lpt.numerics.exp.sigmoid         "sigmoid"
     Tanh                         lpt.numerics.exp.tanh            "tanh"
@@ -98,8 +99,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     Without `own_results`, only ops that give onnxruntime's bits (not OWN_FLOAT_RESULTS)."""
     if not own_results and node.op_type in OWN_FLOAT_RESULTS:
         return None
-    if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
-        return _lookup(node)
+    if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and (lookup := _lookup(node)) is not None:
+        return lookup
     if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
         return _float_step(lambda a: [a], [node.inputs[0]], node, ("identity", None))
     if node.op_type in LAYOUT_OPS and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None:
@@ -545,9 +546,11 @@ def _engine_broadcasts(a: ir.Value, b: ir.Value) -> bool:
     per image and channel ([N, C, 1, ...]) over [N, C, *spatial], one per row ([..., 1] over [..., n]),
     or one operand repeated over the other's leading axes ([1, T, C] over [N, T, C]). Symbolic
     dimensions may be equal; the engine checks them at run time (a program whose instruction does not
-    take its input gives way to the steps)."""
+    take its input gives way to the steps). Where one shape is not known, only a scalar (rank 0) operand:
+    the other's shape is the output's, whatever it is (plcmos_v2's score, Sigmoid(...) · 5 + 1)."""
     if a.shape is None or b.shape is None:
-        return False
+        known = b.shape if a.shape is None else a.shape
+        return known is not None and len(known) == 0
     if _one_value(a.shape) or _one_value(b.shape) or _repeats(a.shape, b.shape) or _repeats(b.shape, a.shape):
         return True
     if _per_row(a.shape, b.shape) or _per_row(b.shape, a.shape):

@@ -448,15 +448,17 @@ def _max_pool_instruction(window: kernels.Window) -> tuple | None:
     return ("max_pool", (window.kernel, window.strides, window.dilations, window.pads))
 
 
-LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice")
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather")
 
 
 def layout_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
-    """Reshape, Transpose, Squeeze, Unsqueeze or Slice of a tensor of any type, with constant parameters: a
-    view or a copy of its values, as numpy's, and an instruction of lpt.native's programs."""
+    """Reshape, Transpose, Squeeze, Unsqueeze, Slice or Gather of a tensor of any type, with constant
+    parameters: a view or a copy of its values, as numpy's, and an instruction of lpt.native's programs."""
     x = node.inputs[0]
     if node.op_type == "Slice":
         return slice_step(node, backend)
+    if node.op_type == "Gather":
+        return gather_step(node, backend)
     if node.op_type == "Transpose":
         perm = attribute(node, "perm")
         if perm is None:
@@ -514,6 +516,30 @@ def slice_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[
         return [q[tuple(index)]]
 
     return _step(cut, [node.inputs[0]], [node], native=("slice", (starts, ends, axes, steps)), backend=backend)
+
+
+def gather_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
+    """A Gather of one constant index (a scalar) along an axis: that slice of the values, the axis gone, as
+    numpy's take; the native engine's slice of one value along the axis, which it drops (plcmos_v2's two
+    halves of its GRU's output, an onnxruntime region of their own between two native programs)."""
+    if node.inputs[0].dtype not in (ir.DataType.FLOAT, *INTEGER_TYPES):
+        return None  # what the engine's slice copies: shape arithmetic's int64 stays where it is
+    index = const_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if index is None or index.ndim != 0 or index.dtype.kind not in "iu":
+        return None
+    index, axis = int(index), int(attribute(node, "axis", 0))
+
+    def take(q):
+        q = np.asarray(q)
+        at = axis + q.ndim if axis < 0 else axis
+        if not 0 <= at < q.ndim:
+            raise DataError(f"node {node.name!r} (Gather): axis {axis} of an input of rank {q.ndim}")
+        if not -q.shape[at] <= index < q.shape[at]:
+            raise DataError(f"node {node.name!r} (Gather): index {index} outside [{-q.shape[at]}, {q.shape[at] - 1}]")
+        return [np.take(q, index, axis=at)]
+
+    end = index + 1 if index != -1 else 2 ** 63 - 1  # ONNX's Slice clamps an end past the axis
+    return _step(take, [node.inputs[0]], [node], native=("slice", ([index], [end], [axis], [1], True)), backend=backend)
 
 
 def slice_range(dim: int, start: int, end: int, step: int) -> tuple[int, int]:

@@ -1892,6 +1892,7 @@ struct Instruction {
     std::vector<int64_t> shape;
     bool allow_zero = false;
     bool shape_read = false;  // reshape: its target is its second input, computed at run time
+    bool drop_axes = false;  // slice: its axes leave the output (a Gather of one index: each must keep one value)
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
@@ -2894,8 +2895,23 @@ void step(Program &program, const Instruction &ins) {
                 step[axis] = ins.shape[3 * n + i];
                 out.dims[axis] = range.count;
             }
-            if (out.dims == a.dims && std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; })) {
-                alias(out, a, a.dims, a.channels_last);  // every value, in order (magika's after its convolution)
+            std::vector<int64_t> kept = out.dims;  // the output's dims without the dropped axes
+            if (ins.drop_axes) {
+                std::vector<bool> dropped(rank, false);
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t axis = ins.shape[2 * n + i] < 0 ? ins.shape[2 * n + i] + rank : ins.shape[2 * n + i];
+                    if (out.dims[axis] != 1) throw Unsupported("a gather's index outside its axis");
+                    dropped[axis] = true;
+                }
+                kept.clear();
+                for (int64_t i = 0; i < rank; ++i)
+                    if (!dropped[i]) kept.push_back(out.dims[i]);
+            }
+            // every value, in order (magika's after its convolution); dropping an axis of values lying
+            // channels-last would move the channels' axis: those are copied channels-first below
+            if (out.dims == a.dims && std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; }) &&
+                !(ins.drop_axes && a.transposed())) {
+                alias(out, a, kept, a.channels_last);
                 break;
             }
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
@@ -2909,6 +2925,7 @@ void step(Program &program, const Instruction &ins) {
             unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, out.count()));
             if (rank == 0) std::memcpy(o, in, a.item());
             else if (out.count()) lpt_ops::permute(in + offset * a.item(), a.item(), out.dims.data(), stride.data(), (int)rank, o);
+            out.dims = kept;
             break;
         }
         case Code::pad: {  // a copy of the values (channels-first) inside a border of ins.fill
@@ -3299,10 +3316,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 if (parsed && target != Py_None) ins.shape = int_sequence(target, "reshape's shape");
                 ins.shape_read = parsed && target == Py_None;  // computed: the instruction's second input
                 ins.allow_zero = parsed && allow_zero;
-            } else if (k == "slice") {  // (starts, ends, axes, steps)
+            } else if (k == "slice") {  // (starts, ends, axes, steps[, drop_axes])
                 PyObject *starts, *ends, *axes, *steps;
+                int drop = 0;
                 ins.code = Code::slice;
-                parsed = PyArg_ParseTuple(extra, "OOOO", &starts, &ends, &axes, &steps);
+                parsed = PyArg_ParseTuple(extra, "OOOO|p", &starts, &ends, &axes, &steps, &drop);
+                ins.drop_axes = drop;
                 if (parsed) {
                     const size_t n = int_sequence(starts, "slice's starts").size();
                     for (PyObject *part : {starts, ends, axes, steps}) {

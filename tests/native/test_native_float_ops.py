@@ -358,6 +358,36 @@ def test_a_slice_takes_onnxs_clamped_ranges(seed, layout, cuts):
     assert same_bits(np.ascontiguousarray(y), np.ascontiguousarray(numpy_slice(x, starts, ends, axes, steps)))
 
 
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last", "uint8"]),
+       axis=st.integers(-4, 3), index=st.integers(-7, 6), images=st.sampled_from([1, 2]))
+@settings(max_examples=60, deadline=None)
+def test_a_slice_that_drops_its_axis_takes_one_index_as_a_gather(seed, layout, axis, index, images):
+    """The slice instruction of one value along an axis that it then drops (int8_steps.gather_step): numpy's
+    take of that index, negative ones from the end, of either layout and of 8-bit values (the one image of a
+    batch of one too, which leaves the channels elsewhere); an index past the axis is not taken (the program
+    gives way to its steps, whose Gather says why)."""
+    rng = np.random.default_rng(seed)
+    shape = (images, 5, 4, 7)
+    end = index + 1 if index != -1 else 2**63 - 1
+    instruction = ("slice", ["x"], "y", ([index], [end], [axis], [1], True))
+    inside = -shape[axis] <= index < shape[axis]
+    if layout == "uint8":
+        x = rng.integers(0, 256, shape).astype(np.uint8)
+        program = Program([instruction], ["x"], ["y"], threads=1)
+        if not inside:
+            with pytest.raises(Unsupported, match="outside its axis"):
+                program(x)
+            return
+        [y] = program(x)
+    elif not inside:
+        with pytest.raises(Unsupported, match="outside its axis"):
+            run(rng, shape, layout, instruction)
+        return
+    else:
+        y, x = run(rng, shape, layout, instruction)
+    assert same_bits(np.ascontiguousarray(y), np.take(x, index, axis=axis))
+
+
 def test_what_the_float_instructions_do_not_take_gives_way_to_the_steps():
     program = Program([("binary", ["a", "b"], "y", "mul")], ["a", "b"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="broadcasts"):
