@@ -850,6 +850,22 @@ def test_a_gather_of_one_index_is_a_slice_of_lpts():
     assert all(program.native for program in programs), "a program gave way to its steps"
 
 
+def test_a_reflect_pad_between_layers_is_lpts():
+    """basic_pitch_nmp pads each octave's signal by reflection (TensorFlow's MirrorPad) before its CQT's
+    convolutions: a step of lpt's in the native program, numpy's reflection; a pad as wide as the axis is a
+    one-line error, not onnxruntime's."""
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((4, 3, 1, 3)), g.const(np.ones(4, np.float32))])
+    padded = g.op("Pad", [conv, g.const(np.int64([0, 0, 1, 2, 0, 0, 1, 3]))], mode="reflect")  # [N, 4, 6, 12]
+    g.op("Conv", [g.fq(padded, 0.05, np.uint8(128)), g.weight((2, 4, 3, 3)), g.const(np.ones(2, np.float32))], name="y")
+    fq_model, int8, plan = plan_without_onnxruntime(g, {"x": [2, 3, 4, 9]})
+    assert [s.native for s in plan.steps if s.op_types == ("Pad",)] == [("pad", ((0, 0, 1, 2, 0, 0, 1, 3), 0.0, "reflect"))]
+    run_against_numpy_and_onnxruntime(fq_model, int8, plan, RNG.uniform(-2, 2, (2, 3, 4, 9)).astype(np.float32),
+                                      rtol=1e-5, atol=1e-4)
+    with pytest.raises(DataError, match="reflect pads"):
+        plan.run({"x": RNG.uniform(-2, 2, (2, 3, 1, 9)).astype(np.float32)})
+
+
 def test_a_scalar_operand_is_the_engines_whatever_the_other_shape():
     """The engine's binary takes one value over any shape: a scalar (rank 0) constant over a tensor whose shape
     the graph does not say (plcmos_v2's score, Sigmoid(...) · 5 + 1); a one-value operand of rank 1 or more

@@ -554,9 +554,12 @@ def slice_range(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
 
 
 def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir.Node]] | None:
-    """A Pad in constant mode with constant, non-negative pads (opset 11 and later, without axes): a copy
-    inside a border of the constant, of any type (a Keras ZeroPadding2D's, before its convolution)."""
-    if attribute(node, "mode", "constant") not in ("constant", b"constant") or len(node.inputs) < 2 or \
+    """A Pad in constant or reflect mode with constant, non-negative pads (opset 11 and later, without axes): a
+    copy inside a border of the constant (a Keras ZeroPadding2D's, before its convolution) or of the values'
+    mirror (basic_pitch_nmp's reflection_pad1d before each octave of its CQT), of any type."""
+    mode = attribute(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "reflect") or len(node.inputs) < 2 or \
             node.inputs[1] is None or (len(node.inputs) > 3 and node.inputs[3] is not None):
         return None
     pads = const_array(node.inputs[1])
@@ -571,10 +574,15 @@ def pad_step(node: ir.Node, backend: str = "int8 kernel") -> tuple[Step, list[ir
         q = np.asarray(q)
         if q.ndim != rank:
             raise DataError(f"node {node.name!r} (Pad): {rank * 2} pads for an input of rank {q.ndim}")
+        if mode == "reflect":
+            if any(max(w) >= d and any(w) for w, d in zip(widths, q.shape)):
+                raise DataError(f"node {node.name!r} (Pad): reflect pads {widths} reach past the edge of an input "
+                                f"of shape {q.shape} (each must be below its axis' length)")
+            return [np.pad(q, widths, mode="reflect")]
         return [np.pad(q, widths, constant_values=fill.astype(q.dtype))]
 
-    return _step(pad, [node.inputs[0]], [node], native=("pad", (tuple(int(p) for p in pads), float(fill))),
-                 backend=backend)
+    parameters = (tuple(int(p) for p in pads), float(fill)) + (("reflect",) if mode == "reflect" else ())
+    return _step(pad, [node.inputs[0]], [node], native=("pad", parameters), backend=backend)
 
 
 def _reshaped(node: ir.Node, q: np.ndarray, target: tuple, allow_zero: bool) -> np.ndarray:

@@ -1893,6 +1893,7 @@ struct Instruction {
     bool allow_zero = false;
     bool shape_read = false;  // reshape: its target is its second input, computed at run time
     bool drop_axes = false;  // slice: its axes leave the output (a Gather of one index: each must keep one value)
+    bool reflect = false;  // pad: the border mirrors the values next to it (ONNX's mode "reflect"), not ins.fill
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
@@ -2928,10 +2929,15 @@ void step(Program &program, const Instruction &ins) {
             out.dims = kept;
             break;
         }
-        case Code::pad: {  // a copy of the values (channels-first) inside a border of ins.fill
+        case Code::pad: {  // a copy of the values (channels-first) inside a border of ins.fill, or of their mirror
             const size_t rank = a.dims.size();
             if (ins.shape.size() != 2 * rank || rank == 0) throw Unsupported("a pad whose pads do not fit the rank");
             if (a.type != 'f' && !a.eight_bit()) throw Unsupported("a pad of other than float32 or 8-bit values");
+            for (size_t i = 0; i < rank && ins.reflect; ++i)  // each border mirrors values of the axis, its edge once
+                if (ins.shape[i] >= a.dims[i] || ins.shape[rank + i] >= a.dims[i])
+                    if (ins.shape[i] || ins.shape[rank + i]) throw Unsupported("a reflection as wide as its axis");
+            // where index `at` of an axis of n values reads from: the border the value at the mirrored index
+            const auto mirrored = [&](int64_t at, int64_t n) { return at < 0 ? -at : at >= n ? 2 * (n - 1) - at : at; };
             const unsigned char *in = static_cast<const unsigned char *>(channels_first(a, program));
             out.dims = a.dims;
             for (size_t i = 0; i < rank; ++i) out.dims[i] += ins.shape[i] + ins.shape[rank + i];
@@ -2953,13 +2959,22 @@ void step(Program &program, const Instruction &ins) {
                 unsigned char *to = o + row * out_width * item;
                 int64_t source = 0;  // the source row, or −1 where the output row lies in the border
                 for (size_t i = 0; i + 1 < axes && source >= 0; ++i) {
-                    const int64_t at = index[i] - ins.shape[i];
+                    const int64_t at = ins.reflect ? mirrored(index[i] - ins.shape[i], a.dims[i]) : index[i] - ins.shape[i];
                     source = at < 0 || at >= a.dims[i] ? -1 : source * a.dims[i] + at;
                 }
                 const int64_t before = ins.shape[axes - 1] * inner;
-                for (int64_t x = 0; x < out_width; ++x)
-                    if (source < 0 || x < before || x >= before + width) std::memcpy(to + x * item, fill, item);
-                if (source >= 0 && width) std::memcpy(to + before * item, in + source * width * item, width * item);
+                if (ins.reflect) {  // the row whole, then the borders of the last padded axis in units of `inner` values
+                    const unsigned char *from = in + source * width * item;
+                    const int64_t lead = ins.shape[axes - 1], n = a.dims[axes - 1], unit = inner * item;
+                    if (width) std::memcpy(to + before * item, from, width * item);
+                    for (int64_t u = 0; u < lead; ++u) std::memcpy(to + u * unit, from + mirrored(u - lead, n) * unit, unit);
+                    for (int64_t u = lead + n; u < out.dims[axes - 1]; ++u)
+                        std::memcpy(to + u * unit, from + mirrored(u - lead, n) * unit, unit);
+                } else {
+                    for (int64_t x = 0; x < out_width; ++x)
+                        if (source < 0 || x < before || x >= before + width) std::memcpy(to + x * item, fill, item);
+                    if (source >= 0 && width) std::memcpy(to + before * item, in + source * width * item, width * item);
+                }
                 for (size_t i = axes - 1; i-- > 0;) {  // the next output row
                     if (++index[i] < out.dims[i]) break;
                     index[i] = 0;
@@ -3288,10 +3303,14 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.code = k == "mean_last_axis" ? Code::mean_last_axis : Code::mean_axis_1;
                 parsed = PyArg_ParseTuple(extra, "p", &keepdims);
                 ins.keepdims = keepdims;
-            } else if (k == "pad") {  // (pads, value)
+            } else if (k == "pad") {  // (pads, value[, mode]): mode "constant" (the default) or "reflect"
                 PyObject *pads;
+                const char *mode = "constant";
                 ins.code = Code::pad;
-                parsed = PyArg_ParseTuple(extra, "Of", &pads, &ins.fill);
+                parsed = PyArg_ParseTuple(extra, "Of|s", &pads, &ins.fill, &mode);
+                if (parsed && std::strcmp(mode, "constant") && std::strcmp(mode, "reflect"))
+                    throw std::invalid_argument("a pad's mode is 'constant' or 'reflect'");
+                ins.reflect = parsed && !std::strcmp(mode, "reflect");
                 if (parsed) ins.shape = int_sequence(pads, "pad's pads");
                 if (parsed && (ins.shape.size() % 2 || std::any_of(ins.shape.begin(), ins.shape.end(), [](int64_t p) { return p < 0; })))
                     throw std::invalid_argument("a pad's pads are a begin and an end per axis, none negative");

@@ -176,6 +176,29 @@ def test_a_constant_pad_is_numpys(dtype, pads, fill):
     assert same_bits(program(q)[0], np.pad(identity(q), widths, constant_values=np.float32(fill)))
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float32])
+@pytest.mark.parametrize("pads", [(0, 0, 2, 0, 0, 0, 3, 0), (0, 2, 0, 3, 0, 1, 4, 0), (1, 0, 0, 0, 0, 0, 0, 3),
+                                  (0, 0, 0, 1, 0, 0, 0, 0), (0,) * 8])
+def test_a_reflect_pad_is_numpys(dtype, pads):
+    """ONNX's mode "reflect" (numpy's): each border mirrors the values next to it, the edge value once, on any
+    axis and any type, and a convolution's channels-last output as its channels-first values; a border as
+    wide as its axis is not taken (ONNX has no value for it: the step's Pad says so)."""
+    rng = np.random.default_rng(13)
+    x = (rng.integers(0, 100, (2, 3, 5, 4)) if dtype != np.float32 else rng.normal(0, 1, (2, 3, 5, 4))).astype(dtype)
+    rank = len(pads) // 2
+    widths = [(pads[i], pads[i + rank]) for i in range(rank)]
+    [got] = Program([("pad", ["x"], "y", (pads, 0.0, "reflect"))], ["x"], ["y"], threads=1)(x)
+    assert same_bits(got, np.pad(x, widths, mode="reflect"))
+    q = rng.integers(0, 256, (2, 3, 5, 4)).astype(np.uint8)
+    identity = lpt.native.Conv(np.eye(3, dtype=np.int8).reshape(3, 3, 1, 1), src_zero_point=128,
+                               multiplier=np.float32(0.5))
+    program = Program([("layer", ["q"], "c", identity.instruction[1]), ("pad", ["c"], "y", (pads, 0.0, "reflect"))],
+                      ["q"], ["y"], threads=1)
+    assert same_bits(program(q)[0], np.pad(identity(q), widths, mode="reflect"))
+    with pytest.raises(Unsupported, match="reflection as wide as its axis"):
+        Program([("pad", ["x"], "y", ((0, 0, 0, 4, 0, 0, 0, 0), 0.0, "reflect"))], ["x"], ["y"], threads=1)(x)
+
+
 def test_an_instruction_that_does_not_take_its_input_raises_unsupported():
     program = Program([("max_pool", ["q"], "y", ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)))], ["q"], ["y"], threads=1)
     with pytest.raises(Unsupported, match="max pool"):
