@@ -65,10 +65,20 @@ def test_quantize_a_hair_from_half_levels_divides(zero_point, qmin, qmax):
         assert same_bits(program(values)[0], quantize(values, scale, zero_point, qmin, qmax))
 
 
+@pytest.mark.parametrize("eight_lanes", [True, False])
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.sampled_from([np.uint8, np.int8]),
        st.sampled_from([np.uint8, np.int8]), st.booleans())
-def test_join_equals_lpts_join(seed, multiply, relu, a_type, b_type, to_float):
+def test_join_equals_lpts_join(eight_lanes, seed, multiply, relu, a_type, b_type, to_float):
+    """Eight values at a time (AVX2) and one by one (forced), 5610 values: whole blocks and a rest."""
+    previous = lpt.native.engine.float_lanes(eight_lanes)
+    try:
+        join_equals_lpts_join(seed, multiply, relu, a_type, b_type, to_float)
+    finally:
+        lpt.native.engine.float_lanes(previous)
+
+
+def join_equals_lpts_join(seed, multiply, relu, a_type, b_type, to_float):
     rng = np.random.default_rng(seed)
     shape = (2, 5, 33, 17)
     a = rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, shape).astype(a_type)
