@@ -466,6 +466,9 @@ def test_erf_at_its_ends_the_means_and_sqrt():
         assert same_bits(mean, mean_over_axis_1(sequence, keepdims))
         assert same_bits(last, mean_over_last_axis(sequence, keepdims))
         assert same_bits(root, np.sqrt(sequence))  # NaN where negative
+    specials = np.tile(x.reshape(-1), 3).reshape(1, 3, 15)  # NaN, ±inf, ±0, negatives in the eight lanes and the rest
+    [root] = Program([("sqrt", ["x"], "r", None)], ["x"], ["r"], threads=1)(specials)
+    assert same_bits(root, np.sqrt(specials))
 
 
 @pytest.mark.parametrize("shape", [(2, 9, 13), (1, 4, 5, 19), (3, 1, 2, 2, 8), (1, 0, 3)])
