@@ -100,10 +100,10 @@ __attribute__((target("avx2"))) void softmax_row_avx2(const float *x, int64_t n,
     for (; i < n; ++i) e[i] = e[i] / sum;
 }
 
-// softmax_row_avx2 with sixteen lanes, for rows of 64 values at least: the maximum in four registers (a maximum does not
-// depend on the order but for a zero's sign, which x − m does not feel; a NaN is found as row_max finds it),
-// the exps of 64 values at a time with their sum in eight lanes in the same loop, each add in
-// sum_in_lanes' order (its chain of adds waits on no exp: the exps' work hides it), then each e / sum.
+// softmax_row_avx2 with sixteen lanes, for rows of 64 values at least: the maximum in four registers (a
+// maximum does not depend on the order but for a zero's sign, which x − m does not feel; a NaN is found as
+// row_max finds it), the exps of 64 values at a time with their sum in eight lanes in the same loop, each
+// add in sum_in_lanes' order (its chain of adds waits on no exp: the exps' work hides it), then each e / sum.
 // PaddleOCR's recognizer's last Softmax, 40 rows of 18 710 classes, in its program (a Xeon with AMX, 2
 // threads): 0.38-0.40 ms with eight lanes, 0.27-0.29 so; its division pass takes 0.065 of that, and for rows
 // below 64 values the eight-lane form is as fast.
@@ -135,7 +135,7 @@ __attribute__((target("avx512f"))) void softmax_row_512(const float *x, int64_t 
         lpt_exp::exp_lanes_512_n<4>(v);
         for (int k = 0; k < 4; ++k) {
             _mm512_storeu_ps(e + i + 16 * k, v[k]);
-            const __m256 low = _mm512_castps512_ps256(v[k]), 
+            const __m256 low = _mm512_castps512_ps256(v[k]),
                          high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[k]), 1));
             sum = i + k == 0 ? low : _mm256_add_ps(sum, low);  // sum_in_lanes starts from the first eight
             sum = _mm256_add_ps(sum, high);

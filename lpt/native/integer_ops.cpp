@@ -3,10 +3,9 @@
 
 #include "integer_ops.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstring>
+#include <immintrin.h>
 #include <limits>
 #include <type_traits>
 #include <vector>
