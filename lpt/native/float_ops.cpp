@@ -44,15 +44,24 @@ float sum_in_lanes(const float *v, int64_t n) {
     return add_lanes(lanes);
 }
 
-__attribute__((target("avx2"))) float sum_in_lanes_avx2(const float *v, int64_t n) {
-    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// The lanes' sums `acc` of v[0, from) (from a multiple of 8) continued over v[from, n), then added in order.
+__attribute__((target("avx2"))) float finish_sum_in_lanes_avx2(__m256 acc, const float *v, int64_t from, int64_t n) {
     const int64_t whole = n / 8 * 8;
-    if (whole < n) std::copy(v + whole, v + n, tail);
-    __m256 acc = whole ? _mm256_loadu_ps(v) : _mm256_load_ps(tail);
-    for (int64_t i = 8; i < whole; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + i));
-    if (whole && whole < n) acc = _mm256_add_ps(acc, _mm256_load_ps(tail));
+    for (int64_t i = from; i < whole; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + i));
+    if (whole < n) {
+        alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::copy(v + whole, v + n, tail);
+        acc = _mm256_add_ps(acc, _mm256_load_ps(tail));
+    }
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, acc);
+    return add_lanes(lanes);
+}
+
+__attribute__((target("avx2"))) float sum_in_lanes_avx2(const float *v, int64_t n) {
+    if (n >= 8) return finish_sum_in_lanes_avx2(_mm256_loadu_ps(v), v, 8, n);
+    alignas(32) float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // fewer than eight: each lane its value or 0
+    std::copy(v, v + n, lanes);
     return add_lanes(lanes);
 }
 
@@ -146,16 +155,7 @@ __attribute__((target("avx512f"))) void softmax_row_512(const float *x, int64_t 
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(e + i, lpt_exp::exp_lanes(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm512_castps512_ps256(shift))));
     for (; i < n; ++i) e[i] = lpt_exp::exp(x[i] - m);
-    const int64_t whole = n / 8 * 8;
-    for (i = done; i < whole; i += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(e + i));
-    if (whole < n) {
-        alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        std::copy(e + whole, e + n, tail);
-        sum = _mm256_add_ps(sum, _mm256_load_ps(tail));
-    }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, sum);
-    const float total = add_lanes(lanes);
+    const float total = finish_sum_in_lanes_avx2(sum, e, done, n);
     const __m512 divisor = _mm512_set1_ps(total);
     for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(e + i, _mm512_div_ps(_mm512_loadu_ps(e + i), divisor));
     for (; i + 8 <= n; i += 8)
