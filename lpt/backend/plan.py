@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from lpt.backend.constant_folding import fold_integer_constants
 from lpt.backend.fallback import RegionRunner, region_inputs, region_outputs
 from lpt.backend.if_steps import try_if_step
 from lpt.backend import native_program
@@ -102,11 +103,11 @@ def _typed(model: ir.Model) -> ir.Model:
     """A copy with the value types onnx can infer (the int8 step builders read ranks and types)."""
     from lpt.model_io import to_proto
 
+    proto = to_proto(model)
     try:
-        proto = onnx.shape_inference.infer_shapes(to_proto(model))
+        proto = onnx.shape_inference.infer_shapes(proto)
     except Exception as err:  # noqa: BLE001 - what it cannot infer, the f32 regions' sessions do
         logger.info("shape inference failed before compiling (%s)", str(err).splitlines()[0] if str(err) else err)
-        return model
     return ir.serde.deserialize_model(proto)
 
 
@@ -135,6 +136,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         raise LptError(f"unknown emulation {emulate!r}: choose one of {', '.join(EMULATIONS)}")
     threads = bounded_threads(threads)
     model = _typed(model)
+    if fold_integer_constants(model):
+        model = _typed(model)  # the folded values' shapes reach their readers
     graph = model.graph
     opsets = {**{d: 1 for d in used_domains(model)}, **dict(model.opset_imports)}
     constants = {name: value.const_value.numpy() for name, value in graph.initializers.items()}
