@@ -917,9 +917,11 @@ def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
 def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
     """oww_melspectrogram: [N, samples] unsqueezed, two STFT convolutions (stride 3, 11-sample frames, 9
     frequencies; the second with a bias), frequencies last, re² + im², a constant mel MatMul into 4, then the
-    log in decibels clipped below at its maximum less 5 (80 in the model). With `source_op`, that op of the input is the signal."""
+    log in decibels clipped below at its maximum less 5 (80 in the model). With `source_op`, that op of the input
+    is the signal (a Pad: 5 samples reflected at each end, as silero_vad_16k_op15's)."""
     rng = np.random.default_rng(5)
-    nodes = [helper.make_node(source_op, ["x"], ["source"])] if source_op else []
+    reflection = [helper.make_node("Pad", ["x", "ends"], ["source"], mode="reflect")]
+    nodes = (reflection if source_op == "Pad" else [helper.make_node(source_op, ["x"], ["source"])]) if source_op else []
     nodes += [helper.make_node("Unsqueeze", ["source" if source_op else "x", "axis"], ["signal"]),
              helper.make_node("Conv", ["signal", "cos"], ["re"], strides=[3], pads=list(pads), kernel_shape=[11]),
              helper.make_node("Conv", ["signal", "sin", "offset"], ["im"], strides=[3], pads=list(pads)),
@@ -935,7 +937,8 @@ def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
     weights = {"axis": np.array([1], np.int64), "two": np.float32(2.0),
                "cos": rng.normal(0, 1, (9, 1, 11)).astype(np.float32), "sin": rng.normal(0, 1, (9, 1, 11)).astype(np.float32),
                "offset": rng.normal(0, 1, 9).astype(np.float32), "mel": rng.uniform(0, 1, (9, 4)).astype(np.float32),
-               "floor": np.float32(1e-10), "decibels": np.float32(10 / np.log(10)), "range": np.float32(5)}
+               "floor": np.float32(1e-10), "decibels": np.float32(10 / np.log(10)), "range": np.float32(5),
+               "ends": np.array([0, 5, 0, 5], np.int64)}
     return model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights)
 
 
@@ -955,6 +958,19 @@ def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
     np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
     assert ours.min() == ours.max() - np.float32(5)  # clipped by a bound made at run time: the quiet bins
+
+
+def test_an_stft_of_a_reflection_padded_signal_is_lpts_from_the_pad_on():
+    fp32 = ir_model(spectrogram(source_op="Pad"))
+    plan = compile_model(fp32)
+    assert {s.backend for s in plan.steps} == {"lpt float32"}
+    if lpt.native.available():
+        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Pad", "Unsqueeze", "Conv")
+    x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 34, 4)
+    np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
 
 
 def test_a_signal_shorter_than_the_stfts_frame_is_refused_in_one_line():

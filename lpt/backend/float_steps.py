@@ -202,9 +202,14 @@ def try_spectrum_step(node: ir.Node) -> tuple | None:
 
 def frames_signals(node: ir.Node, layers: set[ir.Node]) -> bool:
     """Whether `node` is an Unsqueeze or Reshape (of the model's input, say) that only STFT convolutions among
-    `layers` read: a view of lpt's before them."""
+    `layers` read: a view of lpt's before them; or a Pad that only such views read (silero_vad_16k_op15 reflects
+    its signal's ends before framing it)."""
     readers = [reader for reader, _ in node.outputs[0].uses()] if node.outputs else []
-    return (node.op_type in ("Unsqueeze", "Reshape") and node.domain in ("", "ai.onnx") and bool(readers)
+    if node.domain not in ("", "ai.onnx") or not readers:
+        return False
+    if node.op_type == "Pad":
+        return all(frames_signals(r, layers) for r in readers)
+    return (node.op_type in ("Unsqueeze", "Reshape")
             and all(r in layers and read_stft_convolution(r) is not None for r in readers))
 
 
