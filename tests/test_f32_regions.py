@@ -973,6 +973,31 @@ def test_an_stft_of_a_reflection_padded_signal_is_lpts_from_the_pad_on():
     np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
 
 
+def test_a_convolution_of_an_stfts_magnitudes_is_lpts_too():
+    """silero_vad_16k_op15: √(re² + im²) of an STFT, then a convolution over its frames (9 frequencies into 5
+    channels, a kernel of 3, pads of 1), kept in float32 as a reader of the spectrum: one program of lpt's."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["signal"]),
+             helper.make_node("Conv", ["signal", "cos"], ["re"], strides=[3]),
+             helper.make_node("Conv", ["signal", "sin"], ["im"], strides=[3]),
+             helper.make_node("Pow", ["re", "two"], ["re2"]), helper.make_node("Mul", ["im", "im"], ["im2"]),
+             helper.make_node("Add", ["re2", "im2"], ["power"]), helper.make_node("Sqrt", ["power"], ["magnitude"]),
+             helper.make_node("Conv", ["magnitude", "w", "b"], ["y"], pads=[1, 1], kernel_shape=[3])]
+    weights = {"axis": np.array([1], np.int64), "two": np.float32(2.0),
+               "cos": rng.normal(0, 1, (9, 1, 11)).astype(np.float32), "sin": rng.normal(0, 1, (9, 1, 11)).astype(np.float32),
+               "w": rng.normal(0, 1, (5, 9, 3)).astype(np.float32), "b": rng.normal(0, 1, 5).astype(np.float32)}
+    fp32 = ir_model(model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights))
+    plan = compile_model(fp32)
+    assert {s.backend for s in plan.steps} == {"lpt float32"}
+    if lpt.native.available():
+        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[-1] == "Conv"
+    x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 5, 30)
+    np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
 def test_a_signal_shorter_than_the_stfts_frame_is_refused_in_one_line():
     plan = compile_model(ir_model(spectrogram()))
     with pytest.raises(DataError, match=r"^node '.*' \(Conv\): 8 samples, fewer than its kernel's 11$"):

@@ -467,26 +467,35 @@ def _optional_bound(node: ir.Node, index: int, default: float) -> np.ndarray | N
     return const_array(node.inputs[index])
 
 
-def read_stft_convolution(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None, int] | None:
-    """(weights, bias or None, stride) of a Conv of float32 [N, 1, length] by constant float32 weights
-    [C, 1, k] (each frequency's cosine or sine times the window, in an STFT), one group, a bias or none,
-    no padding nor dilation; else None."""
+def read_convolution_1d(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None, int, tuple[int, int]] | None:
+    """(weights, bias or None, stride, pads) of a Conv of float32 [N, C, length] by constant float32 weights
+    [O, C, k], one group, a bias or none, explicit pads (or none), no dilation; else None."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) not in (2, 3):
         return None
     x, weights = node.inputs[0], const_array(node.inputs[1])
     bias = const_array(node.inputs[2]) if len(node.inputs) == 3 and node.inputs[2] is not None else None
-    if x is None or x.dtype != ir.DataType.FLOAT or x.shape is None or len(x.shape) != 3 or x.shape[1] != 1:
+    if x is None or x.dtype != ir.DataType.FLOAT or x.shape is None or len(x.shape) != 3:
         return None
-    if weights is None or weights.dtype != np.float32 or weights.ndim != 3 or weights.shape[1] != 1:
+    if weights is None or weights.dtype != np.float32 or weights.ndim != 3 or x.shape[1] != weights.shape[1]:
         return None
     if len(node.inputs) == 3 and node.inputs[2] is not None and (
             bias is None or bias.dtype != np.float32 or bias.shape != weights.shape[:1]):
         return None
     k = weights.shape[2]
-    strides = attribute(node, "strides", [1])
+    strides, pads = attribute(node, "strides", [1]), list(attribute(node, "pads", [0, 0]))
     plain = (attribute(node, "group", 1) == 1 and list(attribute(node, "dilations", [1])) == [1]
-             and not any(attribute(node, "pads", [0, 0])) and attribute(node, "auto_pad", "NOTSET") in ("NOTSET", "VALID")
+             and len(pads) == 2 and min(pads) >= 0 and (attribute(node, "auto_pad", "NOTSET") == "NOTSET"
+                                                       or attribute(node, "auto_pad") == "VALID" and not any(pads))
              and list(attribute(node, "kernel_shape", [k])) == [k] and len(strides) == 1 and strides[0] >= 1)
     if not plain:
         return None
-    return weights, None if bias is None else np.ascontiguousarray(bias), int(strides[0])
+    return weights, None if bias is None else np.ascontiguousarray(bias), int(strides[0]), (int(pads[0]), int(pads[1]))
+
+
+def read_stft_convolution(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None, int] | None:
+    """(weights, bias or None, stride) of an STFT's Conv: read_convolution_1d's of one channel ([N, 1, length] by
+    [C, 1, k], each frequency's cosine or sine times the window), without pads; else None."""
+    found = read_convolution_1d(node)
+    if found is None or found[0].shape[1] != 1 or any(found[3]):
+        return None
+    return found[:3]

@@ -45,7 +45,7 @@ the same bits:
     Log                          lpt.numerics.exp.log             "log"
     Gather (a constant table)    numpy's take                     "gather"
     MatMul (constant [k, n])     kernels.dense                    "dense" (try_spectrum_step: of a power spectrum)
-    Conv (an STFT's: [N, 1, L])  kernels.stft_convolution         "dense" of the frames (try_spectrum_step)
+    Conv ([N, C, L])             kernels.convolution_1d           "dense" of the frames (try_spectrum_step)
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
     Pad (constant)               numpy's pad                      "pad" (int8_steps.pad_step)
     Greater, Less, Equal, ...    numpy's comparisons              none (an If's condition: if_steps)
@@ -66,8 +66,8 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt import kernels
-from lpt.backend.chains import (read_gelu, read_moment_layer_norm, read_post_op, read_stft_convolution, read_tanh_gelu,
-                                read_written_softmax)
+from lpt.backend.chains import (read_convolution_1d, read_gelu, read_moment_layer_norm, read_post_op,
+                                read_stft_convolution, read_tanh_gelu, read_written_softmax)
 from lpt.backend.int8_steps import LAYOUT_OPS, _step, layout_step, max_pool_step, onnx_reshape_dims, pad_step
 from lpt.errors import DataError
 from lpt.graph.constants import const_array
@@ -189,7 +189,8 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
 
 def try_spectrum_step(node: ir.Node) -> tuple | None:
     """A layer the power-spectrum rule keeps in float32 (lpt.calibration.placement.spectral_power) as lpt's own
-    product: an STFT's convolution of [N, 1, length], or a MatMul by constant weights (mel filters), or None.
+    product: a convolution of [N, C, length] (an STFT's, or the first layer of silero_vad_16k_op15's encoder, on its
+    magnitudes), or a MatMul by constant weights (mel filters), or None.
 
     lpt's product of an STFT's frames is faster than onnxruntime's Conv on short signals: oww_melspectrogram's
     two (5 frames of 512 samples into 257 frequencies each) took 110-126 µs as a session of their own, 25-29 µs
@@ -197,7 +198,7 @@ def try_spectrum_step(node: ir.Node) -> tuple | None:
     0.35× at 5 frames, 0.82-0.89× at 100, but 1.23-1.27× at 1000 and 1.26-1.29× at 3000 frames of 400
     samples (two runs), where the program it keeps whole no longer pays for it. Not every float32 MatMul: on larger
     products (128×256 by 256×256) kernels.dense's order of sums took twice onnxruntime's time."""
-    return _stft_convolution(node) if node.op_type == "Conv" else _dense(node) if node.op_type == "MatMul" else None
+    return _convolution_1d(node) if node.op_type == "Conv" else _dense(node) if node.op_type == "MatMul" else None
 
 
 def frames_signals(node: ir.Node, layers: set[ir.Node]) -> bool:
@@ -222,21 +223,22 @@ def _dense(node: ir.Node) -> tuple | None:
     return _float_step(lambda a: [kernels.dense(a, weights)], [x], node, ("dense", (weights, None, 0)))
 
 
-def _stft_convolution(node: ir.Node) -> tuple | None:
-    """An STFT's Conv (read_stft_convolution) as kernels.stft_convolution."""
-    found = read_stft_convolution(node)
+def _convolution_1d(node: ir.Node) -> tuple | None:
+    """A Conv of [N, C, length] (read_convolution_1d: an STFT's, or a layer reading a spectrum) as
+    kernels.convolution_1d."""
+    found = read_convolution_1d(node)
     if found is None:
         return None
-    weights, bias, stride = found
+    weights, bias, stride, pads = found
     name, k = node.name, weights.shape[2]
 
     def convolve(signal):
-        if signal.shape[-1] < k:
+        if signal.shape[-1] + sum(pads) < k:
             raise DataError(f"node {name!r} (Conv): {signal.shape[-1]} samples, fewer than its kernel's {k}")
-        return [kernels.stft_convolution(signal, weights, stride, bias)]
+        return [kernels.convolution_1d(signal, weights, stride, bias, pads)]
 
-    frequencies = np.ascontiguousarray(weights[:, 0].T)
-    return _float_step(convolve, [node.inputs[0]], node, ("dense", (frequencies, bias, stride)))
+    rows = np.ascontiguousarray(weights.reshape(weights.shape[0], -1).T)  # [C·k, O]
+    return _float_step(convolve, [node.inputs[0]], node, ("dense", (rows, bias, stride, weights.shape[1], *pads)))
 
 
 def _global_max_pool(x: np.ndarray) -> np.ndarray:

@@ -124,14 +124,16 @@ def dense(x, weights, bias=None) -> np.ndarray:
     return total if bias is None else total + np.asarray(bias, np.float32)
 
 
-def stft_convolution(x, weights, stride: int, bias=None) -> np.ndarray:
-    """ONNX Conv of x [N, 1, length] by weights [C, 1, k] with `stride`, no padding nor
-    dilation, as `dense` of each frame x[t·stride : t·stride + k] by weights[:, 0].T: [N, C, frames]."""
-    x = np.asarray(x, np.float32)
-    signal = x[:, 0]
+def convolution_1d(x, weights, stride: int, bias=None, pads=(0, 0)) -> np.ndarray:
+    """ONNX Conv of x [N, C, length] by weights [O, C, k] with `stride` and zero `pads` at the start and the end,
+    one group, no dilation, as `dense` of each frame (its k samples of channel 0, then of channel 1, ...) by the
+    weights as [C·k, O]: [N, O, frames]. An STFT's (C = 1, no pads) frames x[t·stride : t·stride + k]."""
+    x = np.pad(np.asarray(x, np.float32), ((0, 0), (0, 0), tuple(pads)))
+    weights = np.asarray(weights, np.float32)
     k = weights.shape[-1]
-    frames = np.lib.stride_tricks.sliding_window_view(signal, k, axis=-1)[:, ::stride]
-    return np.ascontiguousarray(dense(frames, np.asarray(weights)[:, 0].T, bias).transpose(0, 2, 1))
+    frames = np.lib.stride_tricks.sliding_window_view(x, k, axis=-1)[:, :, ::stride]  # [N, C, frames, k]
+    rows = frames.transpose(0, 2, 1, 3).reshape(x.shape[0], frames.shape[2], -1)
+    return np.ascontiguousarray(dense(rows, weights.reshape(weights.shape[0], -1).T, bias).transpose(0, 2, 1))
 
 
 def softmax(x) -> np.ndarray:

@@ -1905,6 +1905,7 @@ struct Instruction {
     uint8_t low_level = 0, high_level = 0;  // one_hot: the levels of 0 and 1 (signed_out: as int8)
     std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
     int64_t depth = 0, width = 0, stride = 0;  // dense: the weights' [depth, width]; a Conv's stride (0: a MatMul)
+    int64_t frame_channels = 1, pad_begin = 0, pad_end = 0;  // dense of a Conv: its source's channels, its zero pads
 };
 
 // Memory a slot holds for its values: allocated without being cleared (every instruction writes its
@@ -3006,11 +3007,30 @@ void step(Program &program, const Instruction &ins) {
                 out.dims = a.dims;
                 out.dims.back() = ins.width;
                 rows = a.count() / ins.depth;  // the parser refuses a depth of 0
-            } else {
+            } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0) {  // an STFT's frames
                 if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
                     throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
                 groups = a.dims[0], group_step = a.dims[2], rows = (a.dims[2] - ins.depth) / ins.stride + 1;
                 row_step = ins.stride;
+                out.dims = {a.dims[0], ins.width, rows};
+            } else {  // each frame's kernel of samples of every channel, channel by channel, copied into a row
+                const int64_t channels = ins.frame_channels, kernel = ins.depth / channels;
+                if (a.dims.size() != 3 || a.dims[1] != channels || a.dims[2] + ins.pad_begin + ins.pad_end < kernel)
+                    throw Unsupported("a convolution's source of other than [N, its channels, at least its kernel]");
+                const int64_t length = a.dims[2];
+                groups = a.dims[0], rows = (length + ins.pad_begin + ins.pad_end - kernel) / ins.stride + 1;
+                group_step = rows * ins.depth;
+                thread_local Scratch<float> frames;
+                float *f = frames.get((size_t)(groups * group_step));
+                for (int64_t g = 0; g < groups; ++g)
+                    for (int64_t r = 0; r < rows; ++r)
+                        for (int64_t c = 0; c < channels; ++c) {
+                            const float *signal = in + (g * channels + c) * length;
+                            float *row = f + g * group_step + r * ins.depth + c * kernel;
+                            for (int64_t j = 0, t = r * ins.stride - ins.pad_begin; j < kernel; ++j, ++t)
+                                row[j] = t >= 0 && t < length ? signal[t] : 0.0f;
+                        }
+                in = f;
                 out.dims = {a.dims[0], ins.width, rows};
             }
             float *o = static_cast<float *>(out.allocate('f', out.count()));
@@ -3394,11 +3414,12 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     if (ins.values.empty()) throw std::invalid_argument("a one-hot's table is empty");
                     ins.low_level = (uint8_t)low, ins.high_level = (uint8_t)high, ins.signed_out = is_signed;
                 }
-            } else if (k == "dense") {  // (weights [depth, width], bias or None, stride: 0 for a MatMul)
+            } else if (k == "dense") {  // (weights [depth, width], bias or None, stride: 0 for a MatMul
+                                         //  [, a Conv's source channels, its pads at the start and the end])
                 PyObject *weights, *bias;
-                long long stride;
+                long long stride, channels = 1, pad_begin = 0, pad_end = 0;
                 ins.code = Code::dense;
-                parsed = PyArg_ParseTuple(extra, "OOL", &weights, &bias, &stride);
+                parsed = PyArg_ParseTuple(extra, "OOL|LLL", &weights, &bias, &stride, &channels, &pad_begin, &pad_end);
                 if (parsed) {
                     Buffer w;
                     if (!w.get(weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) || w.format() != 'f' || w.view.ndim != 2) {
@@ -3411,6 +3432,10 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     if (!ins.bias.empty() && (int64_t)ins.bias.size() != ins.width)
                         throw std::invalid_argument("a dense instruction's bias needs one value per column");
                     if (stride < 0 || ins.depth == 0) throw std::invalid_argument("a dense instruction's stride is negative or its depth 0");
+                    if (channels < 1 || ins.depth % channels || pad_begin < 0 || pad_end < 0 ||
+                        (stride == 0 && (channels != 1 || pad_begin || pad_end)))
+                        throw std::invalid_argument("a dense instruction's channels do not divide its depth, or its pads are negative or on a MatMul");
+                    ins.frame_channels = channels, ins.pad_begin = pad_begin, ins.pad_end = pad_end;
                 }
             } else if (k == "flatten") {
                 ins.code = Code::flatten;

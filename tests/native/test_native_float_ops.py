@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import lpt.native
 from lpt.backend.int8_steps import slice_range
-from lpt.kernels import (average_pool, dense, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish, layer_norm,
-                         mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu, slope_and_clip, softmax,
-                         stft_convolution, tanh_gelu)
+from lpt.kernels import (average_pool, convolution_1d, dense, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish,
+                         layer_norm, mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu, slope_and_clip,
+                         softmax, tanh_gelu)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import one_hot_levels, quantize
 from lpt.native.program import Program
@@ -620,19 +620,46 @@ def test_an_stfts_convolution_is_a_product_of_its_frames(shape, kernel, stride):
     x = rng.normal(0, 1, shape).astype(np.float32)
     x.reshape(-1)[:4] = np.float32([np.nan, np.inf, -0.0, 1e30])
     [y] = Program([("dense", ["x"], "y", (weights, bias, stride))], ["x"], ["y"], threads=2)(x)
-    expected = stft_convolution(x, weights.T[:, None, :], stride, bias)
+    expected = convolution_1d(x, weights.T[:, None, :], stride, bias)
     assert y.shape == (shape[0], 37, (shape[2] - kernel) // stride + 1)
     assert same_bits(y, expected)
     frame = x[-1, 0, stride:stride + kernel] if y.shape[2] > 1 else x[-1, 0, :kernel]
     assert same_bits(y[-1, :, min(1, y.shape[2] - 1)], dense(frame, weights, bias))
 
 
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last"]),
+       channels=st.integers(1, 5), kernel=st.integers(1, 4), stride=st.integers(1, 3),
+       pads=st.tuples(st.integers(0, 3), st.integers(0, 3)), special=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_convolution_of_channels_with_pads_is_a_product_of_its_frames(seed, layout, channels, kernel, stride, pads,
+                                                                        special):
+    """silero_vad_16k_op15's first encoder layer, kept in float32 (it reads a magnitude spectrum): 129 channels
+    of 4 frames, a kernel of 3, pads of 1 at each end."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 1, (6, channels, kernel)).astype(np.float32)
+    bias = rng.normal(0, 1, 6).astype(np.float32) if seed % 2 else None
+    length = max(1, kernel - sum(pads)) + int(rng.integers(0, 9))
+    rows = np.ascontiguousarray(weights.reshape(6, -1).T)
+    y, x = run(rng, (2, channels, length), layout, ("dense", ["x"], "y", (rows, bias, stride, channels, *pads)), special)
+    with np.errstate(invalid="ignore", over="ignore"):  # the special values' inf · 0 and sums past the largest
+        expected = convolution_1d(x, weights, stride, bias, pads)
+    assert y.shape == (2, 6, (length + sum(pads) - kernel) // stride + 1)
+    assert same_bits(y, expected)
+    if not special:  # the reference is the convolution, summed in its own order
+        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), pads))
+        direct = np.stack([np.einsum("nck,ock->no", padded[:, :, t * stride:t * stride + kernel], weights)
+                           for t in range(y.shape[2])], axis=-1) + (0 if bias is None else bias[:, None])
+        np.testing.assert_allclose(y, direct, rtol=1e-4, atol=1e-4)
+
+
 def test_a_dense_product_gives_way_where_its_source_does_not_fit():
     weights = np.ones((8, 3), np.float32)
     matmul = Program([("dense", ["x"], "y", (weights, None, 0))], ["x"], ["y"], threads=1)
     stft = Program([("dense", ["x"], "y", (weights, None, 2))], ["x"], ["y"], threads=1)
+    convolution = Program([("dense", ["x"], "y", (weights, None, 1, 2, 1, 0))], ["x"], ["y"], threads=1)
     for program, x in ((matmul, np.ones((2, 7), np.float32)), (matmul, np.ones(8, np.float32)),
                        (stft, np.ones((1, 2, 20), np.float32)), (stft, np.ones((1, 1, 7), np.float32)),
+                       (convolution, np.ones((1, 3, 9), np.float32)), (convolution, np.ones((1, 2, 2), np.float32)),
                        (matmul, np.ones((2, 8), np.uint8))):
         with pytest.raises(Unsupported):
             program(x)
