@@ -6,13 +6,15 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import lpt
 import lpt.backend.plan as plan_module
 from lpt.backend.float_steps import BACKEND as FLOAT_BACKEND
 from lpt.backend.plan import compile_model
 from lpt.errors import DataError
+from lpt.normalize import normalize
+from tests.graphs import ir_model
 from tests.transformations.builders import Graph
 
 
@@ -92,3 +94,85 @@ def test_an_if_whose_branch_holds_integer_ops_runs_on_lpts_plan_with_onnxruntime
     for cond in (True, False):
         feeds = {"x": x, "cond": np.array(cond)}
         assert np.array_equal(plan.run(feeds)["y"], session.run(None, feeds)[0])
+
+
+def unchecked(g: Graph, inputs: dict, outputs: list[str]) -> ir.Model:
+    """g's model as Graph.build makes it, without onnx's shape inference: it gives the If's output, whose rank
+    depends on the branch, a type the checker refuses."""
+    graph = helper.make_graph(g.nodes, "test", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+                              [numpy_helper.from_array(np.asarray(a), n) for n, a in g.inits.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = ir_model(proto)
+    normalize(model)
+    return model
+
+
+def squeezing_if(g: Graph, x: str, axis: int, name: str | None = None) -> str:
+    """x.squeeze(axis) as a scripted PyTorch model exports it: If(Shape(x)[axis] == 1, Squeeze, Identity)."""
+    size = g.op("Gather", [g.op("Shape", [x]), g.const(np.array([axis], np.int64))], axis=0)
+    condition = g.op("Equal", [size, g.const(np.array([1], np.int64))])
+    axes = g.const(np.array([axis], np.int64))
+    then_branch = helper.make_graph([helper.make_node("Squeeze", [x, axes], ["squeezed"])], "then", [],
+                                    [helper.make_tensor_value_info("squeezed", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Identity", [x], ["kept"])], "else", [],
+                                    [helper.make_tensor_value_info("kept", TensorProto.FLOAT, None)])
+    return g.op("If", [condition], name=name, then_branch=then_branch, else_branch=else_branch)
+
+
+def test_a_squeezing_if_and_the_mean_after_it_run_in_the_native_program():
+    """silero_vad_16k_op15's tail: a 1×1 convolution into one channel, Sigmoid, squeezed along that channel by an
+    If, the mean over axis 1 (of a tensor whose rank the graph does not give), then an Unsqueeze."""
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((1, 4, 1))])
+    mean = g.op("ReduceMean", [squeezing_if(g, g.op("Sigmoid", [conv]), 1)], axes=[1], keepdims=0)
+    g.op("Unsqueeze", [mean, g.const(np.array([1], np.int64))], name="y")
+    fq_model = unchecked(g, {"x": ["N", 4, "T"]}, ["y"])
+    model = lpt.clone(fq_model)
+    lpt.transform(model)
+    plan = compile_model(model, threads=1)
+    assert "onnxruntime" not in {s.backend for s in plan.steps}
+    [squeeze] = [s for s in plan.steps if "If" in s.op_types]
+    assert squeeze.op_types == ("Shape", "Gather", "Equal", "If") and squeeze.native == ("squeeze_ones", (1,))
+    if lpt.native.available():
+        [program] = plan.run_steps
+    x = np.random.default_rng(4).uniform(-2, 2, (2, 4, 7)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    assert ours.shape == (2, 1)
+    if lpt.native.available():
+        assert program.run.native, "the program gave way to its steps"
+    np.testing.assert_array_equal(ours, compile_model(model, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, lpt.crosscheck.run_onnxruntime(fq_model, {"x": x})["y"], atol=2e-3)
+
+
+def test_a_squeezing_if_passes_a_longer_axis_on():
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((3, 4, 1))])
+    squeezing_if(g, g.op("Relu", [conv]), -1, name="y")
+    fq_model = unchecked(g, {"x": ["N", 4, "T"]}, ["y"])
+    model = lpt.clone(fq_model)
+    lpt.transform(model)
+    plan = compile_model(model, threads=1)
+    assert "onnxruntime" not in {s.backend for s in plan.steps}
+    rng = np.random.default_rng(5)
+    for length, shape in ((1, (2, 3)), (5, (2, 3, 5)), (1, (2, 3))):
+        x = rng.uniform(-2, 2, (2, 4, length)).astype(np.float32)
+        ours = plan.run({"x": x})["y"]
+        assert ours.shape == shape
+        np.testing.assert_array_equal(ours, compile_model(model, native=False).run({"x": x})["y"])
+        np.testing.assert_allclose(ours, lpt.crosscheck.run_onnxruntime(fq_model, {"x": x})["y"], atol=0.021)
+    if lpt.native.available():
+        [program] = plan.run_steps
+        assert program.run.native, "the program gave way to its steps"
+
+
+def test_an_if_whose_condition_is_read_elsewhere_is_no_squeeze():
+    g = Graph()
+    conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((3, 4, 1))])
+    y = squeezing_if(g, g.op("Relu", [conv]), -1, name="y")
+    condition = next(n for n in g.nodes if n.op_type == "If").input[0]
+    g.op("Cast", [condition], name="c", to=TensorProto.FLOAT)
+    model = unchecked(g, {"x": ["N", 4, "T"]}, [y, "c"])
+    lpt.transform(model)
+    assert not any(s.native == ("squeeze_ones", (-1,)) for s in compile_model(model).steps)

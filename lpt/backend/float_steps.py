@@ -485,13 +485,29 @@ def _batch_norm(node: ir.Node) -> tuple | None:
 def _reduced_axes(node: ir.Node) -> list[int] | None:
     """A Reduce* node's axes, each in [0, rank), sorted: its attribute or (opset 18) its constant second input;
     None where they are not known, or where there are none (all axes, or none with noop_with_empty_axes)."""
-    x = node.inputs[0]
+    x, axes = node.inputs[0], _given_axes(node)
+    if x.shape is None or not axes:
+        return None
+    return sorted(a % len(x.shape) for a in axes)
+
+
+def _given_axes(node: ir.Node) -> list[int] | None:
+    """A Reduce* node's axes as given (its attribute or, from opset 18, its constant second input), or None."""
     axes = attribute(node, "axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_array(node.inputs[1])
-    if x.shape is None or axes is None or np.size(axes) == 0:
-        return None
-    return sorted(int(a) % len(x.shape) for a in np.reshape(axes, -1))
+    return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
+
+
+def _mean_over_axis_1(a, keepdims: bool) -> np.ndarray:
+    """ReduceMean over axis 1 of a tensor whose rank the graph does not say: of [N, T] a row's mean, of [N, T, C]
+    a sequence's (as the engine's "mean_axis_1" takes either); numpy's mean of another rank."""
+    a = np.asarray(a, np.float32)
+    if a.ndim == 2:
+        return kernels.mean_over_last_axis(a, keepdims)
+    if a.ndim == 3:
+        return kernels.mean_over_axis_1(a, keepdims)
+    return np.mean(a, axis=1, keepdims=keepdims, dtype=np.float32)
 
 
 def _reduce_extreme(node: ir.Node) -> tuple | None:
@@ -519,9 +535,12 @@ def _reduce_mean(node: ir.Node) -> tuple | None:
     """ReduceMean over every position of [N, C, *spatial] (a global average), over the last axis (a LayerNorm
     written out), or over axis 1 of [N, T, C] (a sequence's mean)."""
     x, axes = node.inputs[0], _reduced_axes(node)
+    keepdims = bool(attribute(node, "keepdims", 1))
+    if x.shape is None and _given_axes(node) == [1]:  # after an If that squeezes where an axis is 1 (if_steps)
+        return _float_step(lambda a: [_mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
     if axes is None:
         return None
-    rank, keepdims = len(x.shape), bool(attribute(node, "keepdims", 1))
+    rank = len(x.shape)
     if rank >= 3 and keepdims and axes == list(range(2, rank)):
         return _float_step(lambda a: [kernels.global_average_pool(a)], [x], node, ("mean", None))  # every position
     if len(axes) != 1:

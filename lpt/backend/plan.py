@@ -19,9 +19,10 @@ import onnx_ir as ir
 
 from lpt.backend.constant_folding import fold_integer_constants
 from lpt.backend.fallback import RegionRunner, region_inputs, region_outputs
-from lpt.backend.if_steps import try_if_step
+from lpt.backend.if_steps import try_if_step, try_squeeze_if_step
 from lpt.backend import native_program
-from lpt.backend.float_steps import frames_signals, reads_model_input_from_a_table, try_float_step, try_spectrum_step
+from lpt.backend.float_steps import (BACKEND as FLOAT_BACKEND, frames_signals, reads_model_input_from_a_table,
+                                    try_float_step, try_spectrum_step)
 from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.scan_steps import try_scan_step
@@ -168,6 +169,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
                  or try_if_step(node, opsets, claimed, threads, native, emulate))
         if fused is None and node in spectrum and _reads_no_f32_region(node, claimed):
             fused = try_spectrum_step(node)
+        if fused is None and (squeezed := try_squeeze_if_step(node, FLOAT_BACKEND)) is not None:
+            fused = squeezed if _reads_no_f32_region(squeezed[1][0], claimed) else None  # its Shape's x is lpt's
         if fused is None and (_between_int8_steps(node, claimed, constants, own_results, inputs_from_lpt)
                               or reads_model_input_from_a_table(node, constants)
                               or (frames_signals(node, spectrum) and _reads_no_f32_region(node, claimed))):
@@ -175,6 +178,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
                 fused = try_float_step(node, own_results)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
+            if len(fused[1]) > 1:  # a step may take nodes before its own (a squeezing If its condition)
+                f32_nodes = [n for n in f32_nodes if id(n) not in claimed]
         else:
             f32_nodes.append(node)
     outputs = [v.name for v in graph.outputs]

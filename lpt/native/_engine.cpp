@@ -1897,7 +1897,7 @@ struct Instruction {
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
-    bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
+    bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle; squeeze: squeeze_ones's
     bool smallest = false;           // extreme_middle: a min, not a max
     float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
@@ -2582,6 +2582,9 @@ void step(Program &program, const Instruction &ins) {
                 std::sort(axes.begin(), axes.end());
                 if (std::adjacent_find(axes.begin(), axes.end()) != axes.end() || (!axes.empty() && (axes[0] < 0 || axes.back() >= rank)))
                     throw Unsupported("a squeeze or unsqueeze axis outside the rank");
+                if (ins.code == Code::squeeze && ins.keepdims)  // squeeze_ones: an axis longer than 1 stays
+                    axes.erase(std::remove_if(axes.begin(), axes.end(), [&](int64_t axis) { return dims[axis] != 1; }),
+                               axes.end());
             }
             if (ins.code == Code::unsqueeze) {
                 for (auto axis : axes) dims.insert(dims.begin() + axis, 1);
@@ -2831,6 +2834,17 @@ void step(Program &program, const Instruction &ins) {
                              static_cast<uint8_t *>(o), program.threads);
             break;
         }
+        case Code::mean_axis_1:
+            if (a.dims.size() == 3) {  // [N, T, C] → [N, C] or [N, 1, C]: C channels-last over T positions
+                if (a.type != 'f' || a.transposed()) throw Unsupported("a mean over axis 1 of other than float32 [N, T, C]");
+                out.dims = ins.keepdims ? std::vector<int64_t>{a.dims[0], 1, a.dims[2]} : std::vector<int64_t>{a.dims[0], a.dims[2]};
+                lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[2], a.dims[1], true,
+                                           static_cast<float *>(out.allocate('f', out.count())), program.threads);
+                break;
+            }
+            // axis 1 of [N, T] is the last (a rank the graph did not give: after an If that squeezes where an axis is 1)
+            if (a.dims.size() != 2) throw Unsupported("a mean over axis 1 of other than float32 [N, T, C] or [N, T]");
+            [[fallthrough]];
         case Code::mean_last_axis: {
             if (a.type != 'f' || a.dims.empty() || a.dims.back() == 0) throw Unsupported("a mean of other than float32 rows");
             const float *in = static_cast<const float *>(channels_first(a, program));
@@ -2840,14 +2854,6 @@ void step(Program &program, const Instruction &ins) {
             else out.dims.pop_back();
             lpt_ops::mean_of_rows(in, a.count() / n, n, static_cast<float *>(out.allocate('f', a.count() / n)),
                                   program.threads);
-            break;
-        }
-        case Code::mean_axis_1: {  // [N, T, C] → [N, C] or [N, 1, C]: C channels-last over T positions
-            if (a.type != 'f' || a.dims.size() != 3 || a.transposed())
-                throw Unsupported("a mean over axis 1 of other than float32 [N, T, C]");
-            out.dims = ins.keepdims ? std::vector<int64_t>{a.dims[0], 1, a.dims[2]} : std::vector<int64_t>{a.dims[0], a.dims[2]};
-            lpt_ops::mean_of_positions(static_cast<const float *>(a.data), a.dims[0], a.dims[2], a.dims[1], true,
-                                       static_cast<float *>(out.allocate('f', out.count())), program.threads);
             break;
         }
         case Code::global_max: {  // [N, C, *spatial] → [N, C, 1, …]: each channel's maximum over its positions
@@ -3289,9 +3295,11 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 parsed = PyArg_ParseTuple(extra, "(LL)(LL)(LLLL)p", &p.kernel_h, &p.kernel_w, &p.stride_h, &p.stride_w,
                                           &p.pad_top, &p.pad_left, &p.pad_bottom, &p.pad_right, &count_include_pad);
                 ins.count_include_pad = count_include_pad;
-            } else if (k == "squeeze" || k == "unsqueeze") {  // axes
-                ins.code = k == "squeeze" ? Code::squeeze : Code::unsqueeze;
+            } else if (k == "squeeze" || k == "unsqueeze" || k == "squeeze_ones") {  // axes
+                ins.code = k == "unsqueeze" ? Code::unsqueeze : Code::squeeze;
+                ins.keepdims = k == "squeeze_ones";
                 ins.shape = int_sequence(extra, "axes");
+                if (ins.keepdims && ins.shape.empty()) throw std::invalid_argument("a squeeze_ones of no axes");
             } else if (k == "affine") {  // (a, b): one value each per channel
                 PyObject *a, *b;
                 ins.code = Code::affine;

@@ -10,14 +10,14 @@ Instructions (the `native` descriptions lpt.backend.int8_steps gives its steps):
 prepared lpt.native Conv or MatMul), "upsample" (a ConvTranspose whose stride is its kernel: a
 prepared MatMul's, kernel_h, kernel_w), "quantize" (scale, zero point, qmin, qmax, signed),
 "join" (an Add or Mul of two dequantized 8-bit tensors, Relu, quantize), "max_pool" (2-D),
-"flatten" (axis), "product" (a prepared lpt.native Product), and on float32 "mean" (a global
+"flatten" (axis), "squeeze_ones" (axes: each squeezed where it is 1, kept where longer), "product" (a prepared lpt.native Product), and on float32 "mean" (a global
 average), "average_pool" (kernel, strides, pads, count_include_pad), "hard_swish", "binary" ("mul"
 or "add": the same shapes, or one value per channel) and "concat" (any number of inputs: along the
 channels, or along the axis it is given), "softmax" (inputs after the first: the int64 shapes a written-out softmax's Reshapes and
 Expands are given, each x's with 1 last), "layer_norm" (scale, bias or None, epsilon), "moment_layer_norm" (factor, epsilon,
 scale, bias: jax2tf's over axis 1 of [N, C, T] or [N, C]; inputs after the first are the int64 shapes its
 Reshapes and Expands are given, each of which must be [N, 1, T] or [N, 1]), "relu", "sigmoid", "tanh", "erf", "gelu" (divisor, one, half),
-"mean_axis_1" (keepdims), "extreme_middle" (keepdims, smallest: a ReduceMax or ReduceMin over the
+"mean_axis_1" (keepdims; of [N, T, C], or of [N, T] its last), "extreme_middle" (keepdims, smallest: a ReduceMax or ReduceMin over the
 middle axes of [N, *positions, C]), "gather" (a constant table's values and shape, by int32/int64 indices)
 and "dense" (weights [k, n], bias or None, stride[, channels, pad at the start, pad at the end]: a MatMul by
 the weights, or with a stride the frames of [N, channels, length] as a Conv's, kernels.convolution_1d; kernels.dense's
