@@ -499,7 +499,7 @@ def _given_axes(node: ir.Node) -> list[int] | None:
     return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
 
 
-def _mean_over_axis_1(a, keepdims: bool) -> np.ndarray:
+def _mean_over_axis_1_of_any_rank(a, keepdims: bool) -> np.ndarray:
     """ReduceMean over axis 1 of a tensor whose rank the graph does not say: of [N, T] a row's mean, of [N, T, C]
     a sequence's (as the engine's "mean_axis_1" takes either); numpy's mean of another rank."""
     a = np.asarray(a, np.float32)
@@ -537,7 +537,7 @@ def _reduce_mean(node: ir.Node) -> tuple | None:
     x, axes = node.inputs[0], _reduced_axes(node)
     keepdims = bool(attribute(node, "keepdims", 1))
     if x.shape is None and _given_axes(node) == [1]:  # after an If that squeezes where an axis is 1 (if_steps)
-        return _float_step(lambda a: [_mean_over_axis_1(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
+        return _float_step(lambda a: [_mean_over_axis_1_of_any_rank(a, keepdims)], [x], node, ("mean_axis_1", (keepdims,)))
     if axes is None:
         return None
     rank = len(x.shape)
