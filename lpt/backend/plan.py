@@ -47,18 +47,19 @@ class Plan:
     constants: dict[str, np.ndarray]
     # The steps as run: `steps` with runs of native steps fused into one call each (native_program)
     run_steps: list[Step] | None = None
-    # id(step list) → for each step, the tensors no later step reads and no output is: dropped after it
-    _dropped_after: dict[int, list[tuple[str, ...]]] = field(default_factory=dict)
+    # run_steps, each with the tensors it reads and those no later step reads and no output is (dropped after
+    # it; none after the last, whose run ends): a small model's run costs about as much as its Python
+    _run_order: list[tuple[Step, tuple[str, ...], tuple[str, ...]]] = field(init=False, repr=False)
 
     def __post_init__(self):
         if self.run_steps is None:
             self.run_steps = self.steps
-        for steps in (self.steps, self.run_steps):
-            last_use = {name: index for index, step in enumerate(steps) for name in step.inputs}
-            self._dropped_after[id(steps)] = [
-                tuple(name for name in dict.fromkeys(step.inputs)  # a step may read one tensor twice (x·x)
-                      if last_use[name] == index and name not in self.outputs and name not in self.constants)
-                for index, step in enumerate(steps)]
+        last_use = {name: index for index, step in enumerate(self.run_steps) for name in step.inputs}
+        self._run_order = [
+            (step, step.inputs, tuple(name for name in dict.fromkeys(step.inputs)  # a step may read one tensor twice
+                                      if last_use[name] == index < len(self.run_steps) - 1
+                                      and name not in self.outputs and name not in self.constants))
+            for index, step in enumerate(self.run_steps)]
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
         """Outputs by name; with `keep`, every intermediate tensor too (for per-layer checks)."""
@@ -69,16 +70,16 @@ class Plan:
         # model more than its steps (hundreds of initializers).
         env = {n: feeds[n] for n in self.inputs}
         constants = self.constants
-        steps = self.steps if keep else self.run_steps
-        with workers_held():  # the engine's workers stay awake for its next step
-            for step, dropped in zip(steps, self._dropped_after[id(steps)]):
-                results = step.run(*[env[n] if n in env else constants[n] for n in step.inputs])
-                env.update(zip(step.outputs, results))
-                if not keep:
-                    for name in dropped:
-                        env.pop(name, None)
         if keep:
+            with workers_held():
+                for step in self.steps:
+                    env.update(zip(step.outputs, step.run(*[env[n] if n in env else constants[n] for n in step.inputs])))
             return {**constants, **env}
+        with workers_held():  # the engine's workers stay awake for its next step
+            for step, reads, dropped in self._run_order:
+                env.update(zip(step.outputs, step.run(*[env[n] if n in env else constants[n] for n in reads])))
+                for name in dropped:
+                    del env[name]
         return {n: env[n] if n in env else constants[n] for n in self.outputs}
 
     def backend_counts(self) -> Counter:

@@ -96,7 +96,7 @@ def test_a_plan_holds_the_workers_while_it_runs_and_lets_go_after_a_failure(tmp_
     path = tmp_path / "relu.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
     plan = compile_model(lpt.load(str(path)))
-    plan.run_steps[0] = replace(plan.run_steps[0], run=watch)
+    plan = replace(plan, run_steps=[replace(plan.run_steps[0], run=watch)])
     before = engine.pool_holds()
     plan.run({"x": np.ones(2, np.float32)})
     with pytest.raises(LptError, match="not finite"):
