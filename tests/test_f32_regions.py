@@ -942,35 +942,26 @@ def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
     return model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights)
 
 
-def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts():
-    """An STFT kept in f32 (nothing in it quantized) is lpt's from the model's input on: its Unsqueeze, both
-    convolutions as products of frames, the MatMul by the mel filters and the decibels after them (lpt's log,
-    a maximum of every value, a Clip by it), in one native program. The log makes its input's differences
-    from onnxruntime's relative: a mel bin near 0 (its floor, 1e-10) moves by decibels."""
-    fp32 = ir_model(spectrogram())
+@pytest.mark.parametrize("source_op, first_ops, frames", [(None, ("Unsqueeze", "Conv", "Conv"), 30),
+                                                          ("Pad", ("Pad", "Unsqueeze", "Conv"), 34)],
+                         ids=["signal", "reflection-padded signal"])
+def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts(source_op, first_ops, frames):
+    """An STFT kept in f32 (nothing in it quantized) is lpt's from the model's input on (or from its reflection
+    Pad on): its Unsqueeze, both convolutions as products of frames, the MatMul by the mel filters and the
+    decibels after them (lpt's log, a maximum of every value, a Clip by it), in one native program. The log
+    makes its input's differences from onnxruntime's relative: a mel bin near 0 (its floor, 1e-10) moves by
+    decibels."""
+    fp32 = ir_model(spectrogram(source_op=source_op))
     plan = compile_model(fp32)
     assert {s.backend for s in plan.steps} == {"lpt float32"}
     if lpt.native.available():
-        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Unsqueeze", "Conv", "Conv")
+        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == first_ops
     x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
     ours = plan.run({"x": x})["y"]
-    assert ours.shape == (2, 30, 4)
+    assert ours.shape == (2, frames, 4)
     np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
     assert ours.min() == ours.max() - np.float32(5)  # clipped by a bound made at run time: the quiet bins
-
-
-def test_an_stft_of_a_reflection_padded_signal_is_lpts_from_the_pad_on():
-    fp32 = ir_model(spectrogram(source_op="Pad"))
-    plan = compile_model(fp32)
-    assert {s.backend for s in plan.steps} == {"lpt float32"}
-    if lpt.native.available():
-        assert len(plan.run_steps) == 1 and plan.run_steps[0].op_types[:3] == ("Pad", "Unsqueeze", "Conv")
-    x = RNG.normal(0, 1, (2, 100)).astype(np.float32)
-    ours = plan.run({"x": x})["y"]
-    assert ours.shape == (2, 34, 4)
-    np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
-    np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
 
 
 def test_a_convolution_of_an_stfts_magnitudes_is_lpts_too():
