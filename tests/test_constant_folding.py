@@ -62,3 +62,19 @@ def test_compiling_does_not_fold_the_callers_model():
     model = g.build({"x": [2, 4]}, ["y"])[1]
     compile_model(model)
     assert [n.op_type for n in model.graph] == ["Shape", "Reshape"]
+
+
+def test_a_result_larger_than_shape_arithmetic_is_never_computed():
+    """A ConstantOfShape or a Range past MAX_VALUES is left as a node, its size known from its inputs before any
+    evaluation (a hostile one of 10^10 values would fill the memory)."""
+    g = Graph()
+    huge = g.op("ConstantOfShape", [g.const(np.array([300, 300], np.int64))],
+                value=ir.serde.serialize_tensor(ir.tensor(np.array([7], np.int64))))
+    steps = g.op("Range", [g.const(np.array(0, np.int64)), g.const(np.array(100_000, np.int64)),
+                           g.const(np.array(1, np.int64))])
+    counts = g.op("Add", [g.op("Cast", [g.op("ReduceSum", [huge], keepdims=0)], to=1),
+                          g.op("Cast", [g.op("Size", [steps])], to=1)])
+    g.op("Add", ["x", counts], name="y")
+    model = g.build({"x": [2]}, ["y"])[1]
+    assert fold_integer_constants(model) == 0
+    assert {n.op_type for n in model.graph} >= {"ConstantOfShape", "Range"}

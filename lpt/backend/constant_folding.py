@@ -8,9 +8,9 @@ readers (a reflection Pad, Slices) stayed in an onnxruntime region with them.
 
 Here each node whose inputs are all constants and whose outputs are integers or booleans becomes its
 outputs, as initializers: integer arithmetic has no rounding, so onnxruntime would have computed the same
-values at every run. Float results stay nodes (the plan decides where float32 ops run and how), and so do
-the ops that make new values at each run, quantizations (lpt's int8 steps read those as they are) and
-nodes holding subgraphs.
+values at every run. Only the ops of shape arithmetic (_FOLDED), and only where the result is small
+(MAX_VALUES, known before it is computed: a hostile ConstantOfShape must not fill the memory); float
+results stay nodes (the plan decides where float32 ops run and how).
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ logger = logging.getLogger(__name__)
 
 _INTEGERS = (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT64,
              ir.DataType.UINT32, ir.DataType.UINT16, ir.DataType.UINT8, ir.DataType.BOOL)
-_KEPT = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "RandomNormal", "RandomUniform",
-         "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial")
+# Ops whose result holds at most the product of their inputs' sizes (each counted as 2 at least: a Concat's)
+_BOUNDED = ("Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Sign", "Min", "Max", "Equal", "Greater", "Less",
+            "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Not", "Where", "Cast", "Identity", "Shape", "Size",
+            "Gather", "Slice", "Concat", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten", "ReduceProd",
+            "ReduceSum", "ReduceMax", "ReduceMin")
+_FOLDED = (*_BOUNDED, "ConstantOfShape", "Range")  # these two: their size computed from their inputs' values
 MAX_VALUES = 1 << 16  # a result larger than this stays a node: shape arithmetic is far smaller
 
 
@@ -39,15 +43,17 @@ def fold_integer_constants(model: ir.Model) -> int:
     graph, folded = model.graph, 0
     opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
     for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _FOLDED or not node.outputs \
+                or any(v.dtype not in _INTEGERS or v.is_graph_output() for v in node.outputs):
+            continue
         inputs = [const_array(v) if v is not None else None for v in node.inputs]
-        if not _foldable(node, inputs):
+        if any(array is None for v, array in zip(node.inputs, inputs) if v is not None) \
+                or _result_size(node, [a for a in inputs if a is not None]) > MAX_VALUES:
             continue
         try:
             results = _evaluate(node, inputs, opsets)
         except Exception as why:  # noqa: BLE001 - what the reference evaluator cannot compute, the plan runs
             logger.info("%s (%s) is not folded: %s", node.name, node.op_type, why)
-            continue
-        if any(np.asarray(r).size > MAX_VALUES for r in results):
             continue
         for value, result in zip(node.outputs, results):
             result = np.asarray(result, dtype=value.dtype.numpy())
@@ -60,12 +66,17 @@ def fold_integer_constants(model: ir.Model) -> int:
     return folded
 
 
-def _foldable(node: ir.Node, inputs: list) -> bool:
-    return (node.domain in ("", "ai.onnx") and node.op_type not in ("Constant", *_KEPT)
-            and all(array is not None for v, array in zip(node.inputs, inputs) if v is not None)
-            and bool(node.outputs) and all(v.dtype in _INTEGERS and not v.is_graph_output() for v in node.outputs)
-            and not any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                        for a in node.attributes.values()))
+def _result_size(node: ir.Node, inputs: list[np.ndarray]) -> float:
+    """A bound on the values `node`'s result holds (inf where its inputs do not bound it)."""
+    try:
+        if node.op_type == "ConstantOfShape":
+            return float(np.prod(inputs[0].astype(np.float64))) if inputs and np.all(inputs[0] >= 0) else np.inf
+        if node.op_type == "Range":
+            start, limit, delta = (float(np.reshape(a, -1)[0]) for a in inputs)
+            return max(0.0, np.ceil((limit - start) / delta)) if delta else np.inf
+    except (ValueError, IndexError):  # not what ONNX's op reads: onnxruntime's error will say so
+        return np.inf
+    return float(np.prod([max(2, a.size) for a in inputs], dtype=np.float64))
 
 
 def _evaluate(node: ir.Node, inputs: list, opsets: list) -> list:
