@@ -234,7 +234,8 @@ def _convolution_1d(node: ir.Node) -> tuple | None:
 
     def convolve(signal):
         if signal.shape[-1] + sum(pads) < k:
-            raise DataError(f"node {name!r} (Conv): {signal.shape[-1]} samples, fewer than its kernel's {k}")
+            padding = f" and {sum(pads)} of padding" if any(pads) else ""
+            raise DataError(f"node {name!r} (Conv): {signal.shape[-1]} samples{padding}, fewer than its kernel's {k}")
         return [kernels.convolution_1d(signal, weights, stride, bias, pads)]
 
     rows = np.ascontiguousarray(weights.reshape(weights.shape[0], -1).T)  # [C·k, O]
