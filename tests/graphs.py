@@ -13,9 +13,11 @@ from lpt.kernels.int8_gemm import exact_routes
 FLOAT = onnx.TensorProto.FLOAT
 
 
-def model(nodes, inputs, outputs, initializers=None, opset=13, extra_opsets=None, extra_inputs=None) -> onnx.ModelProto:
+def model(nodes, inputs, outputs, initializers=None, opset=13, extra_opsets=None, extra_inputs=None,
+          checked=True) -> onnx.ModelProto:
     """An ONNX model; `inputs`/`outputs` are {name: shape} of float tensors, `initializers` {name: array},
-    `extra_inputs` {name: element type} of scalar inputs of another type."""
+    `extra_inputs` {name: element type} of scalar inputs of another type. `checked`: with onnx's shape
+    inference and checker (which refuse an If whose branches give outputs of different ranks)."""
     graph = helper.make_graph(
         nodes,
         "test",
@@ -27,8 +29,9 @@ def model(nodes, inputs, outputs, initializers=None, opset=13, extra_opsets=None
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
     proto = helper.make_model(graph, opset_imports=opsets)
     proto.ir_version = 8 if opset < 21 else 10  # what onnxruntime accepts
-    proto = onnx.shape_inference.infer_shapes(proto)  # fills the output shapes left as None
-    onnx.checker.check_model(proto)
+    if checked:
+        proto = onnx.shape_inference.infer_shapes(proto)  # fills the output shapes left as None
+        onnx.checker.check_model(proto)
     return proto
 
 

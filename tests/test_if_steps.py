@@ -6,15 +6,13 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import lpt
 import lpt.backend.plan as plan_module
 from lpt.backend.float_steps import BACKEND as FLOAT_BACKEND
 from lpt.backend.plan import compile_model
 from lpt.errors import DataError
-from lpt.normalize import normalize
-from tests.graphs import ir_model
 from tests.transformations.builders import Graph
 
 
@@ -96,19 +94,6 @@ def test_an_if_whose_branch_holds_integer_ops_runs_on_lpts_plan_with_onnxruntime
         assert np.array_equal(plan.run(feeds)["y"], session.run(None, feeds)[0])
 
 
-def unchecked(g: Graph, inputs: dict, outputs: list[str]) -> ir.Model:
-    """g's model as Graph.build makes it, without onnx's shape inference: it gives the If's output, whose rank
-    depends on the branch, a type the checker refuses."""
-    graph = helper.make_graph(g.nodes, "test", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-                              [numpy_helper.from_array(np.asarray(a), n) for n, a in g.inits.items()])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
-    model = ir_model(proto)
-    normalize(model)
-    return model
-
-
 def squeezing_if(g: Graph, x: str, axis: int, name: str | None = None) -> str:
     """x.squeeze(axis) as a scripted PyTorch model exports it: If(Shape(x)[axis] == 1, Squeeze, Identity)."""
     size = g.op("Gather", [g.op("Shape", [x]), g.const(np.array([axis], np.int64))], axis=0)
@@ -128,7 +113,7 @@ def test_a_squeezing_if_and_the_mean_after_it_run_in_the_native_program():
     conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((1, 4, 1))])
     mean = g.op("ReduceMean", [squeezing_if(g, g.op("Sigmoid", [conv]), 1)], axes=[1], keepdims=0)
     g.op("Unsqueeze", [mean, g.const(np.array([1], np.int64))], name="y")
-    fq_model = unchecked(g, {"x": ["N", 4, "T"]}, ["y"])
+    fq_model = g.build({"x": ["N", 4, "T"]}, ["y"], checked=False)[1]  # the If's output has no one rank
     model = lpt.clone(fq_model)
     lpt.transform(model)
     plan = compile_model(model, threads=1)
@@ -150,7 +135,7 @@ def test_a_squeezing_if_passes_a_longer_axis_on():
     g = Graph()
     conv = g.op("Conv", [g.fq("x", 0.02, np.uint8(128)), g.weight((3, 4, 1))])
     squeezing_if(g, g.op("Relu", [conv]), -1, name="y")
-    fq_model = unchecked(g, {"x": ["N", 4, "T"]}, ["y"])
+    fq_model = g.build({"x": ["N", 4, "T"]}, ["y"], checked=False)[1]
     model = lpt.clone(fq_model)
     lpt.transform(model)
     plan = compile_model(model, threads=1)
@@ -173,6 +158,6 @@ def test_an_if_whose_condition_is_read_elsewhere_is_no_squeeze():
     y = squeezing_if(g, g.op("Relu", [conv]), -1, name="y")
     condition = next(n for n in g.nodes if n.op_type == "If").input[0]
     g.op("Cast", [condition], name="c", to=TensorProto.FLOAT)
-    model = unchecked(g, {"x": ["N", 4, "T"]}, [y, "c"])
+    model = g.build({"x": ["N", 4, "T"]}, [y, "c"], checked=False)[1]
     lpt.transform(model)
     assert not any(s.native == ("squeeze_ones", (-1,)) for s in compile_model(model).steps)

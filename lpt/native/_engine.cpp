@@ -1897,7 +1897,8 @@ struct Instruction {
     std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
-    bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle; squeeze: squeeze_ones's
+    bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
+    bool ones_only = false;          // squeeze (squeeze_ones): only those of its axes that hold one value
     bool smallest = false;           // extreme_middle: a min, not a max
     float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
@@ -2582,7 +2583,7 @@ void step(Program &program, const Instruction &ins) {
                 std::sort(axes.begin(), axes.end());
                 if (std::adjacent_find(axes.begin(), axes.end()) != axes.end() || (!axes.empty() && (axes[0] < 0 || axes.back() >= rank)))
                     throw Unsupported("a squeeze or unsqueeze axis outside the rank");
-                if (ins.code == Code::squeeze && ins.keepdims)  // squeeze_ones: an axis longer than 1 stays
+                if (ins.ones_only)  // squeeze_ones: an axis longer than 1 stays
                     axes.erase(std::remove_if(axes.begin(), axes.end(), [&](int64_t axis) { return dims[axis] != 1; }),
                                axes.end());
             }
@@ -3007,6 +3008,7 @@ void step(Program &program, const Instruction &ins) {
             if (a.type != 'f') throw Unsupported("a float32 product of integers");
             const float *in = static_cast<const float *>(channels_first(a, program));
             int64_t groups = 1, group_step = 0, rows, row_step = ins.depth;
+            thread_local Scratch<float> frames;  // a Conv's frames copied into rows
             if (ins.stride == 0) {
                 if (a.dims.size() < 2 || a.dims.back() != ins.depth)
                     throw Unsupported("a float32 MatMul whose source does not fit its weights");
@@ -3026,7 +3028,6 @@ void step(Program &program, const Instruction &ins) {
                 const int64_t length = a.dims[2];
                 groups = a.dims[0], rows = (length + ins.pad_begin + ins.pad_end - kernel) / ins.stride + 1;
                 group_step = rows * ins.depth;
-                thread_local Scratch<float> frames;
                 float *f = frames.get((size_t)(groups * group_step));
                 for (int64_t g = 0; g < groups; ++g)
                     for (int64_t r = 0; r < rows; ++r)
@@ -3042,6 +3043,7 @@ void step(Program &program, const Instruction &ins) {
             float *o = static_cast<float *>(out.allocate('f', out.count()));
             lpt_ops::dense(in, groups, group_step, rows, row_step, ins.depth, ins.packed.data(), ins.width,
                            ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0, o, program.threads);
+            if (frames.bytes() > KEEP_SCRATCH_BYTES) frames.release();  // a long signal's would stay allocated
             break;
         }
         case Code::flatten: {
@@ -3297,9 +3299,9 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.count_include_pad = count_include_pad;
             } else if (k == "squeeze" || k == "unsqueeze" || k == "squeeze_ones") {  // axes
                 ins.code = k == "unsqueeze" ? Code::unsqueeze : Code::squeeze;
-                ins.keepdims = k == "squeeze_ones";
+                ins.ones_only = k == "squeeze_ones";
                 ins.shape = int_sequence(extra, "axes");
-                if (ins.keepdims && ins.shape.empty()) throw std::invalid_argument("a squeeze_ones of no axes");
+                if (ins.ones_only && ins.shape.empty()) throw std::invalid_argument("a squeeze_ones of no axes");
             } else if (k == "affine") {  // (a, b): one value each per channel
                 PyObject *a, *b;
                 ins.code = Code::affine;

@@ -48,11 +48,11 @@ class Graph:
         attrs = {"axis": axis} if scale_per_channel else {}
         return self.op("DequantizeLinear", [self.const(q, "w"), self.const(scale, "ws"), self.const(zp, "wz")], **attrs)
 
-    def build(self, inputs, outputs, opset=17, output_shapes=None, extra_opsets=None):
+    def build(self, inputs, outputs, opset=17, output_shapes=None, extra_opsets=None, checked=True):
         shapes = output_shapes or {o: None for o in outputs}
         extra = {"org.openvinotoolkit": 1} if any(n.domain == "org.openvinotoolkit" for n in self.nodes) else None
         extra = {**(extra or {}), **(extra_opsets or {})} or None
-        proto = model(self.nodes, inputs, shapes, self.inits, opset=opset, extra_opsets=extra)
+        proto = model(self.nodes, inputs, shapes, self.inits, opset=opset, extra_opsets=extra, checked=checked)
         m = ir_model(proto)
         normalize(m)
         return proto, m
