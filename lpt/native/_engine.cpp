@@ -47,6 +47,7 @@
 #include "integer_ops.h"
 #include "s16.h"
 #include "stem.h"
+#include "few_rows.h"
 #include "exp.h"
 #include "parallel.h"
 
@@ -373,6 +374,7 @@ struct Operation {
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
+    lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
     std::vector<float> padded_multiplier, padded_bias;
     bool onednn_stage = false;  // onednn_can_stage
     std::mutex lock;  // one run at a time: the prepared primitives' memory objects take its pointers
@@ -1196,6 +1198,13 @@ void prepare_stem(Operation &op) {
     op.stem = lpt_stem::pack(op.weights.data(), g);
 }
 
+// A matmul's weights as lpt_few_rows's kernel reads them, on route u8s8 where the CPU runs it: sources of at
+// most MAX_ROWS rows go there instead of oneDNN (execute).
+void prepare_few_rows(Operation &op) {
+    if (op.route != Route::u8s8 || !lpt_few_rows::supported()) return;
+    op.few_rows = lpt_few_rows::pack(op.weights.data(), op.in_channels, op.out_channels);
+}
+
 // Route s16's geometry and packed weights.
 void prepare_s16(Operation &op) {
     if (op.kind == Kind::matmul) {  // a 1×1 convolution with K input channels and N outputs
@@ -1313,6 +1322,7 @@ PyObject *py_matmul(PyObject *, PyObject *args) {
         check_stage(*op);
         prepare_epilogue(*op);
         if (op->route == Route::s16) prepare_s16(*op);
+        prepare_few_rows(*op);
     } catch (const std::exception &e) {
         return fail(e);
     }
@@ -1485,6 +1495,14 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         out_bytes == (size_t)(dims[0] * op.out_channels) * item_size(dst) &&
         gather_single_value_rows(op, src, signed_src, src_zero_point, dims[0], dst, out)) {
         op.last_impl = "lpt:rows_avx2";
+        return;
+    }
+    if (op.kind == Kind::matmul && !op.few_rows.empty() && dims[0] <= lpt_few_rows::MAX_ROWS && !join &&
+        (dst == Dst::s32 || (dst == op.stage.dst && lpt_s16::supported())) &&
+        out_bytes == (size_t)(dims[0] * op.out_channels) * item_size(dst)) {
+        lpt_few_rows::multiply(src, dims[0], signed_src, src_zero_point, op.few_rows,
+                               dst == Dst::s32 ? nullptr : &op.epilogue, out, op.threads);
+        op.last_impl = "lpt:few_rows_avx512_vnni";
         return;
     }
     if (op.route == Route::s16) {
@@ -3480,6 +3498,105 @@ const char PROGRAM_RUN_DOC[] =
     "arrays: the program's inputs, C-contiguous float32/uint8/int8. Raises NotImplementedError where an\n"
     "instruction does not take what it meets (lpt runs the steps one by one then).";
 
+// An input slot reading `view` (whose first `skip` axes are left out: a scanned sequence's time axis).
+bool bind_input(Slot &slot, const Buffer &buffer, int skip = 0) {
+    const Py_buffer &v = buffer.view;
+    slot.type = buffer.format();
+    if (slot.type == 'l' && v.itemsize == 8) slot.type = 'q';  // int64: a gather's indices
+    if (slot.type != 'f' && slot.type != 'B' && slot.type != 'b' && slot.type != 'q' && slot.type != 'i') {
+        PyErr_SetString(PyExc_NotImplementedError, "program_run: an input other than float32, 8-bit or int32/int64");
+        return false;
+    }
+    slot.dims.assign(v.shape + skip, v.shape + v.ndim);
+    slot.data = v.buf;
+    return true;
+}
+
+// The program's instructions, once, on the slots bound: throws where one fails.
+void run_code(Program &program) {
+    program.seconds.assign(program.code.size(), 0.0);
+    const uint64_t loops_before = lpt_parallel::loops_opened();
+    auto start = std::chrono::steady_clock::now();
+    const std::vector<Instruction> &code = program.code;
+    for (size_t i = 0; i < code.size(); ++i) {
+        // a convolution and the residual join after it run as one (join_in_bands): the join's time is the layer's
+        const bool paired = i + 1 < code.size() && joins_layer(code[i], code[i + 1]) &&
+                            join_in_bands(program, i, code[i], code[i + 1]);
+        if (!paired) step(program, code[i]);
+        for (size_t k = i; k <= i + paired; ++k)
+            for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release
+                if (program.last_use[slot] == k) program.slots[slot].release();
+        const auto end = std::chrono::steady_clock::now();
+        program.seconds[i] = std::chrono::duration<double>(end - start).count();
+        start = end;
+        i += paired;
+    }
+    program.opens_loops = lpt_parallel::loops_opened() != loops_before;
+}
+
+// A slot's values channels-first into `to` (count() · item() bytes).
+void copy_out(const Program &program, const Slot &slot, char *to) {
+    const size_t bytes = (size_t)(slot.count() * slot.item());
+    if (slot.transposed()) slot.channels_first_into(to, program.threads);
+    else if (bytes) std::memcpy(to, slot.data, bytes);
+}
+
+PyObject *shape_tuple(const std::vector<int64_t> &dims) {
+    PyObject *shape = PyTuple_New((Py_ssize_t)dims.size());
+    for (size_t d = 0; shape && d < dims.size(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(dims[d]));
+    return shape;
+}
+
+// (bytearray, shape, format) of `bytes` bytes from `fill`, appended to `results` (cleared on failure).
+template <typename Fill>
+void append_result(PyObject *&results, const std::vector<int64_t> &dims, char type, Py_ssize_t bytes, Fill fill) {
+    if (!results) return;
+    PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
+    PyObject *shape = data ? shape_tuple(dims) : nullptr;
+    if (data && shape) fill(PyByteArray_AsString(data));
+    PyObject *entry = data && shape ? Py_BuildValue("(OOC)", data, shape, type) : nullptr;
+    Py_XDECREF(data);
+    Py_XDECREF(shape);
+    if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
+    Py_XDECREF(entry);
+}
+
+// After a run: the slots' memory back to the pool, which stays for the next run up to KEEP_PROGRAM_BYTES
+// in all (a large batch's would stay allocated otherwise). Slots whose lifetimes do not overlap share
+// it, so a run needs about its largest set of live tensors, and the next run reuses it (no new pages to
+// fault in).
+void end_run(Program &program) {
+    for (auto &slot : program.slots) {
+        slot.release();
+        slot.data = nullptr;  // inputs are the caller's
+        slot.channels_last = false;
+    }
+    size_t kept = program.scratch.bytes() + program.upsampled.bytes();
+    for (const auto &memory : program.pool) kept += memory.capacity;
+    if (kept > KEEP_PROGRAM_BYTES) {
+        program.pool.clear();
+        program.scratch.release();
+        program.upsampled.release();
+    }
+}
+
+// Runs `body` on the program (the GIL released), turning what it throws into `error`.
+template <typename Body>
+void guarded(std::string &error, bool &unsupported, Body body) {
+    Py_BEGIN_ALLOW_THREADS;
+    try {
+        body();
+    } catch (const Unsupported &e) {
+        error = e.what();
+        unsupported = true;
+    } catch (const dnnl::error &e) {
+        error = std::string("oneDNN: ") + e.what();
+    } catch (const std::exception &e) {
+        error = e.what();
+    }
+    Py_END_ALLOW_THREADS;
+}
+
 PyObject *py_program_run(PyObject *, PyObject *args) {
     PyObject *capsule, *arrays_o;
     if (!PyArg_ParseTuple(args, "OO", &capsule, &arrays_o)) return nullptr;
@@ -3496,82 +3613,160 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
         PyObject *array = PySequence_GetItem(arrays_o, i);
         const bool ok = array && buffers[i].get(array, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
         Py_XDECREF(array);  // the buffer holds its own reference
-        if (!ok) return nullptr;
-        Slot &slot = program->slots[program->inputs[i]];
-        const Py_buffer &v = buffers[i].view;
-        slot.type = buffers[i].format();
-        if (slot.type == 'l' && v.itemsize == 8) slot.type = 'q';  // int64: a gather's indices
-        if (slot.type != 'f' && slot.type != 'B' && slot.type != 'b' && slot.type != 'q' && slot.type != 'i') {
-            PyErr_SetString(PyExc_NotImplementedError, "program_run: an input other than float32, 8-bit or int32/int64");
-            return nullptr;
-        }
-        slot.dims.assign(v.shape, v.shape + v.ndim);
-        slot.data = v.buf;
+        if (!ok || !bind_input(program->slots[program->inputs[i]], buffers[i])) return nullptr;
     }
     std::string error;
     bool unsupported = false;
-    Py_BEGIN_ALLOW_THREADS;
-    try {
-        program->seconds.assign(program->code.size(), 0.0);
-        const uint64_t loops_before = lpt_parallel::loops_opened();
+    guarded(error, unsupported, [&] {
         const lpt_parallel::Busy busy(program->opens_loops);
-        auto start = std::chrono::steady_clock::now();
-        const std::vector<Instruction> &code = program->code;
-        for (size_t i = 0; i < code.size(); ++i) {
-            // a convolution and the residual join after it run as one (join_in_bands): the join's time is the layer's
-            const bool paired = i + 1 < code.size() && joins_layer(code[i], code[i + 1]) &&
-                                join_in_bands(*program, i, code[i], code[i + 1]);
-            if (!paired) step(*program, code[i]);
-            for (size_t k = i; k <= i + paired; ++k)
-                for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release
-                    if (program->last_use[slot] == k) program->slots[slot].release();
-            const auto end = std::chrono::steady_clock::now();
-            program->seconds[i] = std::chrono::duration<double>(end - start).count();
-            start = end;
-            i += paired;
-        }
-        program->opens_loops = lpt_parallel::loops_opened() != loops_before;
-    } catch (const Unsupported &e) {
-        error = e.what();
-        unsupported = true;
-    } catch (const dnnl::error &e) {
-        error = std::string("oneDNN: ") + e.what();
-    } catch (const std::exception &e) {
-        error = e.what();
-    }
-    Py_END_ALLOW_THREADS;
+        run_code(*program);
+    });
     PyObject *results = error.empty() ? PyList_New(0) : nullptr;
     for (size_t i = 0; results && i < program->outputs.size(); ++i) {
         const Slot &slot = program->slots[program->outputs[i]];
-        const Py_ssize_t bytes = (Py_ssize_t)(slot.count() * slot.item());
-        PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
-        PyObject *shape = PyTuple_New((Py_ssize_t)slot.dims.size());
-        if (data && shape) {
-            if (slot.transposed()) slot.channels_first_into(PyByteArray_AsString(data), program->threads);
-            else if (bytes) std::memcpy(PyByteArray_AsString(data), slot.data, bytes);
-            for (size_t d = 0; d < slot.dims.size(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(slot.dims[d]));
+        append_result(results, slot.dims, slot.type, (Py_ssize_t)(slot.count() * slot.item()),
+                      [&](char *to) { copy_out(*program, slot, to); });
+    }
+    end_run(*program);
+    if (!error.empty())
+        PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
+    return results;
+}
+
+const char PROGRAM_SCAN_DOC[] =
+    "program_scan(program, arrays, roles, emits) -> [(bytearray, shape, format)]\n\n"
+    "An ONNX Scan whose body is the program, run over its sequences' first axis in one call. roles, one per\n"
+    "input: -1 the same array at each step, -2 a sequence read forwards, -3 backwards, k >= 0 a state: its\n"
+    "initial value, then the program's output k. emits, one per output: -1 a state (exactly one input reads\n"
+    "it), 0 a value stacked over the steps along a new first axis, 1 the same stacked backwards. Returns each\n"
+    "output in order: a state's final value, or the stack. Raises NotImplementedError as program_run does,\n"
+    "or where a state or an emitted value changes its shape or type from step to step.";
+
+// A tensor carried from step to step, or stacked over the steps, in memory of the call's own.
+struct Carried {
+    std::vector<int64_t> dims;
+    char type = 'f';
+    std::vector<char> bytes;
+};
+
+PyObject *py_program_scan(PyObject *, PyObject *args) {
+    PyObject *capsule, *arrays_o, *roles_o, *emits_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &arrays_o, &roles_o, &emits_o)) return nullptr;
+    auto *program = static_cast<Program *>(PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE));
+    if (!program) return nullptr;
+    std::vector<int64_t> roles, emits;
+    try {
+        roles = int_sequence(roles_o, "roles");
+        emits = int_sequence(emits_o, "emits");
+    } catch (const std::exception &e) {
+        return fail(e);
+    }
+    const Py_ssize_t count = PySequence_Size(arrays_o);
+    const size_t outputs = program->outputs.size();
+    std::vector<int> readers(outputs, 0);
+    bool fits = count == (Py_ssize_t)program->inputs.size() && roles.size() == (size_t)count && emits.size() == outputs;
+    for (size_t i = 0; fits && i < roles.size(); ++i) {
+        fits = roles[i] >= -3 && roles[i] < (int64_t)outputs && (roles[i] < 0 || emits[roles[i]] == -1);
+        if (fits && roles[i] >= 0) ++readers[roles[i]];
+    }
+    for (size_t k = 0; fits && k < outputs; ++k) fits = emits[k] >= -1 && emits[k] <= 1 && (emits[k] != -1 || readers[k] == 1);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "program_scan: the roles or emits do not fit the program");
+        return nullptr;
+    }
+    std::vector<Buffer> buffers(count);
+    int64_t length = -1;
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        PyObject *array = PySequence_GetItem(arrays_o, i);
+        const bool ok = array && buffers[i].get(array, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
+        Py_XDECREF(array);
+        if (!ok) return nullptr;
+        if (roles[i] <= -2) {
+            const Py_buffer &v = buffers[i].view;
+            if (v.ndim < 1 || (length >= 0 && v.shape[0] != length)) {
+                PyErr_SetString(PyExc_ValueError, "program_scan: the sequences differ in length");
+                return nullptr;
+            }
+            length = v.shape[0];
         }
-        PyObject *entry = data && shape ? Py_BuildValue("(OOC)", data, shape, slot.type) : nullptr;
-        Py_XDECREF(data);
-        Py_XDECREF(shape);
-        if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
-        Py_XDECREF(entry);
     }
-    // The memory stays in the pool for the next run, up to KEEP_PROGRAM_BYTES in all: a large batch's
-    // would stay allocated otherwise. Slots whose lifetimes do not overlap share it, so a run needs
-    // about its largest set of live tensors, and the next run reuses it (no new pages to fault in).
-    for (auto &slot : program->slots) {
-        slot.release();
-        slot.data = nullptr;  // inputs are the caller's
-        slot.channels_last = false;
+    if (length <= 0) {
+        PyErr_SetString(PyExc_ValueError, "program_scan: no sequence, or one of length 0");
+        return nullptr;
     }
-    size_t kept = program->scratch.bytes() + program->upsampled.bytes();
-    for (const auto &memory : program->pool) kept += memory.capacity;
-    if (kept > KEEP_PROGRAM_BYTES) {
-        program->pool.clear();
-        program->scratch.release();
-        program->upsampled.release();
+    std::lock_guard<std::mutex> guard(program->lock);
+    // each output's value: a state's (its initial value, then the last step's) or the stack of a value emitted
+    std::vector<Carried> value(outputs), next(outputs);
+    std::vector<Slot> bound(count);  // each input as the first step reads it (a sequence's first item)
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        if (!bind_input(bound[i], buffers[i], roles[i] <= -2 ? 1 : 0)) return nullptr;
+        if (roles[i] >= 0) {
+            Carried &s = value[roles[i]];
+            s.dims = bound[i].dims;
+            s.type = bound[i].type;
+            s.bytes.assign((const char *)bound[i].data, (const char *)bound[i].data + bound[i].count() * bound[i].item());
+        }
     }
+    std::string error;
+    bool unsupported = false;
+    guarded(error, unsupported, [&] {
+        const lpt_parallel::Busy busy(program->opens_loops);
+        for (int64_t t = 0; t < length; ++t) {
+            for (Py_ssize_t i = 0; i < count; ++i) {
+                Slot &slot = program->slots[program->inputs[i]];
+                if (roles[i] >= 0) {
+                    const Carried &s = value[roles[i]];
+                    slot.dims = s.dims;
+                    slot.type = s.type;
+                    slot.data = s.bytes.data();
+                } else {
+                    const int64_t at = roles[i] == -2 ? t : roles[i] == -3 ? length - 1 - t : 0;
+                    slot.dims = bound[i].dims;
+                    slot.type = bound[i].type;
+                    slot.data = static_cast<const char *>(bound[i].data) + at * bound[i].count() * bound[i].item();
+                }
+                slot.channels_last = false;
+            }
+            run_code(*program);
+            // every output copied before any state changes: an output may be a view of a state's input
+            for (size_t k = 0; k < outputs; ++k) {
+                const Slot &slot = program->slots[program->outputs[k]];
+                const size_t bytes = (size_t)(slot.count() * slot.item());
+                if (emits[k] == -1) {
+                    if (slot.dims != value[k].dims || slot.type != value[k].type)
+                        throw Unsupported("a Scan's state changes its shape or type");
+                    next[k].bytes.resize(bytes);
+                    copy_out(*program, slot, next[k].bytes.data());
+                    continue;
+                }
+                Carried &e = value[k];
+                if (t == 0) {
+                    e.dims = slot.dims;
+                    e.type = slot.type;
+                    e.bytes.resize(bytes * length);
+                } else if (slot.dims != e.dims || slot.type != e.type) {
+                    throw Unsupported("a Scan's output changes its shape or type");
+                }
+                copy_out(*program, slot, e.bytes.data() + (emits[k] == 1 ? length - 1 - t : t) * bytes);
+            }
+            for (size_t k = 0; k < outputs; ++k)
+                if (emits[k] == -1) std::swap(value[k].bytes, next[k].bytes);
+            for (auto &slot : program->slots) {  // as end_run, the pool kept for the next step
+                slot.release();
+                slot.data = nullptr;
+                slot.channels_last = false;
+            }
+        }
+    });
+    PyObject *results = error.empty() ? PyList_New(0) : nullptr;
+    for (size_t k = 0; k < outputs; ++k) {
+        const Carried &v = value[k];
+        std::vector<int64_t> dims(v.dims);
+        if (emits[k] != -1) dims.insert(dims.begin(), length);
+        append_result(results, dims, v.type, (Py_ssize_t)v.bytes.size(),
+                      [&](char *to) { std::memcpy(to, v.bytes.data(), v.bytes.size()); });
+    }
+    end_run(*program);
     if (!error.empty())
         PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
     return results;
@@ -3698,6 +3893,7 @@ PyMethodDef methods[] = {
          "against its bound (gelu512.h) over the float32 values whose bits are in [first, last)"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
+        {"program_scan", py_program_scan, METH_VARARGS, PROGRAM_SCAN_DOC},
         {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},
         {nullptr, nullptr, 0, nullptr}};
 

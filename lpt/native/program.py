@@ -62,6 +62,19 @@ class Program:
             raise Unsupported(str(why)) from None
         return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
 
+    def scan(self, arrays, roles: list[int], emits: list[int]) -> list[np.ndarray]:
+        """An ONNX Scan whose body is this program, in one call. `roles`, one per input: -1 the same
+        array at every step, -2 a sequence read forwards, -3 backwards, k >= 0 a state (its initial
+        value, then output k). `emits`, one per output: -1 a state, 0 stacked along a new first axis,
+        1 stacked backwards. Each output in order: a state's final value or the stack. Raises
+        Unsupported as a call does."""
+        arrays = [np.asarray(a, order="C") for a in arrays]
+        try:
+            results = engine.program_scan(self._program, arrays, list(roles), list(emits))
+        except NotImplementedError as why:
+            raise Unsupported(str(why)) from None
+        return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
+
     def seconds(self) -> list[float]:
         """Each instruction's time in the last run, in order (empty before the first)."""
         return engine.program_seconds(self._program)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import lpt
+import lpt.native
 from cli.main import main
 from lpt.calibration import calibrate
 from lpt.calibration.recurrent import to_scans
@@ -127,6 +128,24 @@ def test_the_int8_recurrence_with_numpys_kernels_is_the_native_ones():
     ours = result.plan.run(feeds)
     for name in ("Y", "Y_h"):
         np.testing.assert_allclose(ours[name], reference[name], atol=1e-6)
+
+
+@pytest.mark.skipif(not lpt.native.available(), reason="lpt's native engine is not available")
+def test_each_scan_runs_in_one_native_call_with_the_bits_of_a_call_per_step():
+    """A bidirectional LSTM: each direction's Scan (the second read and emitted backwards, its states h and c)
+    in one call of the engine (Program.scan) gives the bits of its body's program called at each step."""
+    proto, feeds = recurrent_model("LSTM", "bidirectional")
+    result = quantize(ir.serde.deserialize_model(proto), samples(feeds), int8_recurrent=True, batch_axes=axes(feeds),
+                      overflow_fix="none")
+    runs = [s.run for s in result.plan.steps if s.op_types == ("Scan",)]
+    assert len(runs) == 2 and all(r.whole is not None for r in runs)
+    whole = result.plan.run(feeds)
+    assert all(r.whole.native for r in runs)  # none gave way
+    for r in runs:
+        r.whole.native = False
+    step_by_step = result.plan.run(feeds)
+    for name in ("Y", "Y_h", "Y_c"):
+        assert whole[name].dtype == np.float32 and np.array_equal(whole[name], step_by_step[name])
 
 
 def test_the_cli_option_and_combinations_it_refuses(tmp_path):

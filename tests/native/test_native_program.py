@@ -215,6 +215,41 @@ def test_an_instruction_that_does_not_take_its_input_raises_unsupported():
         program(np.zeros((1, 1, 4, 4), np.int32))
 
 
+@pytest.mark.parametrize("backwards", [(False, False), (True, False), (False, True)])
+def test_a_scan_in_one_call_is_the_program_called_at_each_step(backwards):
+    """A recurrence, h' = tanh(h·s + x_t) and c' = c + h', its outputs in another order than its states (c', the
+    emitted h', h'): program_scan carries each state to its input, reads the sequence forwards or backwards and
+    stacks the emitted values in either order, bit for bit the program called once per step."""
+    read_backwards, emit_backwards = backwards
+    rng = np.random.default_rng(3)
+    program = Program([("binary", ["h", "s"], "hs", "mul"), ("binary", ["hs", "x"], "sum", "add"),
+                       ("tanh", ["sum"], "h_next", None), ("binary", ["c", "h_next"], "c_next", "add"),
+                       ("identity", ["h_next"], "emitted", None)],
+                      ["x", "h", "s", "c"], ["c_next", "emitted", "h_next"], threads=1)
+    h0, c0 = rng.normal(0, 1, (2, 5)).astype(np.float32), rng.normal(0, 1, (2, 5)).astype(np.float32)
+    s, xs = rng.normal(0, 1, (2, 5)).astype(np.float32), rng.normal(0, 1, (7, 2, 5)).astype(np.float32)
+    c_final, stacked, h_final = program.scan([xs, h0, s, c0], [-3 if read_backwards else -2, 2, -1, 0],
+                                             [-1, int(emit_backwards), -1])
+    h, c, emitted = h0, c0, []
+    for t in range(len(xs)):
+        c, y, h = program(xs[len(xs) - 1 - t if read_backwards else t], h, s, c)
+        emitted.append(y)
+    assert same_bits(h_final, h) and same_bits(c_final, c)
+    assert same_bits(stacked, np.stack(emitted[::-1] if emit_backwards else emitted))
+    assert not np.array_equal(stacked[0], stacked[-1])
+
+
+def test_a_scan_whose_roles_do_not_fit_its_program_is_refused():
+    program = Program([("binary", ["h", "x"], "y", "add")], ["h", "x"], ["y"], threads=1)
+    h, xs = np.zeros((1, 3), np.float32), np.zeros((4, 1, 3), np.float32)
+    assert same_bits(program.scan([h, xs], [0, -2], [-1])[0], h)
+    for roles, emits in (([0, -2], [0]), ([1, -2], [-1]), ([-1, -1], [0]), ([0, 0], [-1])):
+        with pytest.raises(ValueError, match="program_scan"):
+            program.scan([h, xs], roles, emits)
+    with pytest.raises(ValueError, match="length 0"):
+        program.scan([h, xs[:0]], [0, -2], [-1])
+
+
 @pytest.mark.parametrize("name", ["digits_cnn", "conv_net", "digits_zoo", "digits_transformer"])
 def test_a_plan_runs_its_int8_body_as_one_native_call_with_the_same_bits(name, tmp_path):
     """digits_zoo has a squeeze-excite Sigmoid (in the engine's output stage, inside a program), digits_transformer
