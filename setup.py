@@ -2,7 +2,7 @@
 
 - lpt/kernels/_elementwise.c: the one-pass output stage and joins.
 - lpt/native/_engine.cpp: int8 convolution and matmul on oneDNN 3.2 and lpt's own kernels (s16.cpp for AVX2,
-  stem.cpp for few products per output on AVX-512 VNNI);
+  stem.cpp for few products per output and few_rows.cpp for matmuls of a few rows, both on AVX-512 VNNI);
   lpt/native/__init__.py loads it.
 
 optional=True: without a compiler (or, for the engine, without oneDNN's headers) lpt still
@@ -46,7 +46,8 @@ else:
     # rpath finds it from a regular install (<prefix>/lib/python3.X/site-packages/lpt/native/).
     extensions.append(Extension(
         "lpt.native._engine", ["lpt/native/_engine.cpp", "lpt/native/s16.cpp", "lpt/native/integer_ops.cpp",
-         "lpt/native/float_ops.cpp", "lpt/native/parallel.cpp", "lpt/native/stem.cpp"], language="c++", optional=True,
+         "lpt/native/float_ops.cpp", "lpt/native/parallel.cpp", "lpt/native/stem.cpp", "lpt/native/few_rows.cpp"],
+        language="c++", optional=True,
         include_dirs=[str(prefix / "include")], library_dirs=[str(prefix / "lib")], libraries=[":libdnnl.so.3"],
         extra_compile_args=flags + ["-std=c++17", "-fopenmp", "-fvisibility=hidden"],
         extra_link_args=["-fopenmp", "-Wl,-rpath,$ORIGIN/../../../../../lib"]))
