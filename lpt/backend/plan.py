@@ -25,7 +25,7 @@ from lpt.backend.float_steps import (BACKEND as FLOAT_BACKEND, frames_signals, r
                                     try_float_step, try_spectrum_step)
 from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
-from lpt.backend.scan_steps import try_scan_step
+from lpt.backend.scan_steps import scans_at_once, try_scan_step
 from lpt.backend.shape_steps import BACKEND as SHAPES, shape_steps
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
@@ -221,6 +221,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))
     run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps
+    run_steps = scans_at_once(run_steps, threads)
     plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants, run_steps)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))
     return plan

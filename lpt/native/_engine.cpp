@@ -3649,22 +3649,35 @@ struct Carried {
     std::vector<char> bytes;
 };
 
-PyObject *py_program_scan(PyObject *, PyObject *args) {
-    PyObject *capsule, *arrays_o, *roles_o, *emits_o;
-    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &arrays_o, &roles_o, &emits_o)) return nullptr;
-    auto *program = static_cast<Program *>(PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE));
-    if (!program) return nullptr;
+// One Scan of program_scan(s): its inputs as Python gave them, and what it carries and stacks.
+struct ScanJob {
+    Program *program = nullptr;
+    std::vector<Buffer> buffers;
     std::vector<int64_t> roles, emits;
+    std::vector<Slot> bound;  // each input as the first step reads it (a sequence's first item)
+    std::vector<Carried> value, next;  // per output: a state's value (initial, then the last step's) or the stack
+    int64_t length = -1;
+    std::string error;
+    bool unsupported = false;
+};
+
+// Reads (program, arrays, roles, emits) into `job`; false with a Python error set where they do not fit.
+bool parse_scan(PyObject *capsule, PyObject *arrays_o, PyObject *roles_o, PyObject *emits_o, ScanJob &job) {
+    job.program = static_cast<Program *>(PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE));
+    if (!job.program) return false;
     try {
-        roles = int_sequence(roles_o, "roles");
-        emits = int_sequence(emits_o, "emits");
+        job.roles = int_sequence(roles_o, "roles");
+        job.emits = int_sequence(emits_o, "emits");
     } catch (const std::exception &e) {
-        return fail(e);
+        fail(e);
+        return false;
     }
+    const std::vector<int64_t> &roles = job.roles, &emits = job.emits;
     const Py_ssize_t count = PySequence_Size(arrays_o);
-    const size_t outputs = program->outputs.size();
+    const size_t outputs = job.program->outputs.size();
     std::vector<int> readers(outputs, 0);
-    bool fits = count == (Py_ssize_t)program->inputs.size() && roles.size() == (size_t)count && emits.size() == outputs;
+    bool fits = count == (Py_ssize_t)job.program->inputs.size() && roles.size() == (size_t)count &&
+                emits.size() == outputs;
     for (size_t i = 0; fits && i < roles.size(); ++i) {
         fits = roles[i] >= -3 && roles[i] < (int64_t)outputs && (roles[i] < 0 || emits[roles[i]] == -1);
         if (fits && roles[i] >= 0) ++readers[roles[i]];
@@ -3672,104 +3685,194 @@ PyObject *py_program_scan(PyObject *, PyObject *args) {
     for (size_t k = 0; fits && k < outputs; ++k) fits = emits[k] >= -1 && emits[k] <= 1 && (emits[k] != -1 || readers[k] == 1);
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "program_scan: the roles or emits do not fit the program");
-        return nullptr;
+        return false;
     }
-    std::vector<Buffer> buffers(count);
-    int64_t length = -1;
+    job.buffers = std::vector<Buffer>(count);
     for (Py_ssize_t i = 0; i < count; ++i) {
         PyObject *array = PySequence_GetItem(arrays_o, i);
-        const bool ok = array && buffers[i].get(array, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
+        const bool ok = array && job.buffers[i].get(array, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
         Py_XDECREF(array);
-        if (!ok) return nullptr;
+        if (!ok) return false;
         if (roles[i] <= -2) {
-            const Py_buffer &v = buffers[i].view;
-            if (v.ndim < 1 || (length >= 0 && v.shape[0] != length)) {
+            const Py_buffer &v = job.buffers[i].view;
+            if (v.ndim < 1 || (job.length >= 0 && v.shape[0] != job.length)) {
                 PyErr_SetString(PyExc_ValueError, "program_scan: the sequences differ in length");
-                return nullptr;
+                return false;
             }
-            length = v.shape[0];
+            job.length = v.shape[0];
         }
     }
-    if (length <= 0) {
+    if (job.length <= 0) {
         PyErr_SetString(PyExc_ValueError, "program_scan: no sequence, or one of length 0");
-        return nullptr;
+        return false;
     }
-    std::lock_guard<std::mutex> guard(program->lock);
-    // each output's value: a state's (its initial value, then the last step's) or the stack of a value emitted
-    std::vector<Carried> value(outputs), next(outputs);
-    std::vector<Slot> bound(count);  // each input as the first step reads it (a sequence's first item)
+    job.value.assign(outputs, Carried());
+    job.next.assign(outputs, Carried());
+    job.bound = std::vector<Slot>(count);
     for (Py_ssize_t i = 0; i < count; ++i) {
-        if (!bind_input(bound[i], buffers[i], roles[i] <= -2 ? 1 : 0)) return nullptr;
+        if (!bind_input(job.bound[i], job.buffers[i], roles[i] <= -2 ? 1 : 0)) return false;
         if (roles[i] >= 0) {
-            Carried &s = value[roles[i]];
-            s.dims = bound[i].dims;
-            s.type = bound[i].type;
-            s.bytes.assign((const char *)bound[i].data, (const char *)bound[i].data + bound[i].count() * bound[i].item());
+            const Slot &b = job.bound[i];
+            Carried &s = job.value[roles[i]];
+            s.dims = b.dims;
+            s.type = b.type;
+            s.bytes.assign((const char *)b.data, (const char *)b.data + b.count() * b.item());
+        }
+    }
+    return true;
+}
+
+// The Scan's steps, the GIL released: throws where an instruction fails, or a shape changes.
+void run_scan(ScanJob &job) {
+    Program &program = *job.program;
+    const std::vector<int64_t> &roles = job.roles, &emits = job.emits;
+    const int64_t length = job.length;
+    const size_t inputs = roles.size(), outputs = emits.size();
+    std::lock_guard<std::mutex> guard(program.lock);
+    for (int64_t t = 0; t < length; ++t) {
+        for (size_t i = 0; i < inputs; ++i) {
+            Slot &slot = program.slots[program.inputs[i]];
+            if (roles[i] >= 0) {
+                const Carried &s = job.value[roles[i]];
+                slot.dims = s.dims;
+                slot.type = s.type;
+                slot.data = s.bytes.data();
+            } else {
+                const Slot &b = job.bound[i];
+                const int64_t at = roles[i] == -2 ? t : roles[i] == -3 ? length - 1 - t : 0;
+                slot.dims = b.dims;
+                slot.type = b.type;
+                slot.data = static_cast<const char *>(b.data) + at * b.count() * b.item();
+            }
+            slot.channels_last = false;
+        }
+        run_code(program);
+        // every output copied before any state changes: an output may be a view of a state's input
+        for (size_t k = 0; k < outputs; ++k) {
+            const Slot &slot = program.slots[program.outputs[k]];
+            const size_t bytes = (size_t)(slot.count() * slot.item());
+            if (emits[k] == -1) {
+                if (slot.dims != job.value[k].dims || slot.type != job.value[k].type)
+                    throw Unsupported("a Scan's state changes its shape or type");
+                job.next[k].bytes.resize(bytes);
+                copy_out(program, slot, job.next[k].bytes.data());
+                continue;
+            }
+            Carried &e = job.value[k];
+            if (t == 0) {
+                e.dims = slot.dims;
+                e.type = slot.type;
+                e.bytes.resize(bytes * length);
+            } else if (slot.dims != e.dims || slot.type != e.type) {
+                throw Unsupported("a Scan's output changes its shape or type");
+            }
+            copy_out(program, slot, e.bytes.data() + (emits[k] == 1 ? length - 1 - t : t) * bytes);
+        }
+        for (size_t k = 0; k < outputs; ++k)
+            if (emits[k] == -1) std::swap(job.value[k].bytes, job.next[k].bytes);
+        for (auto &slot : program.slots) {  // as end_run, the pool kept for the next step
+            slot.release();
+            slot.data = nullptr;
+            slot.channels_last = false;
+        }
+    }
+}
+
+// The job's outputs as program_scan returns them, or null with its error set.
+PyObject *scan_results(ScanJob &job) {
+    PyObject *results = job.error.empty() ? PyList_New(0) : nullptr;
+    for (size_t k = 0; k < job.value.size(); ++k) {
+        const Carried &v = job.value[k];
+        std::vector<int64_t> dims(v.dims);
+        if (job.emits[k] != -1) dims.insert(dims.begin(), job.length);
+        append_result(results, dims, v.type, (Py_ssize_t)v.bytes.size(),
+                      [&](char *to) { std::memcpy(to, v.bytes.data(), v.bytes.size()); });
+    }
+    {
+        std::lock_guard<std::mutex> guard(job.program->lock);
+        end_run(*job.program);
+    }
+    if (!job.error.empty())
+        PyErr_SetString(job.unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, job.error.c_str());
+    return results;
+}
+
+PyObject *py_program_scan(PyObject *, PyObject *args) {
+    PyObject *capsule, *arrays_o, *roles_o, *emits_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &arrays_o, &roles_o, &emits_o)) return nullptr;
+    ScanJob job;
+    if (!parse_scan(capsule, arrays_o, roles_o, emits_o, job)) return nullptr;
+    guarded(job.error, job.unsupported, [&] {
+        const lpt_parallel::Busy busy(job.program->opens_loops);
+        run_scan(job);
+    });
+    return scan_results(job);
+}
+
+const char PROGRAM_SCANS_DOC[] =
+    "program_scans(scans, threads) -> [[(bytearray, shape, format)], ...]\n\n"
+    "Independent Scans at once, each on one of up to `threads` threads: scans, a list of (program, arrays,\n"
+    "roles, emits) as program_scan takes them, whose programs are distinct and run on one thread each.\n"
+    "Returns each one's outputs; raises what the first that failed raised.";
+
+PyObject *py_program_scans(PyObject *, PyObject *args) {
+    PyObject *scans_o;
+    int threads;
+    if (!PyArg_ParseTuple(args, "Oi", &scans_o, &threads)) return nullptr;
+    const Py_ssize_t count = PySequence_Size(scans_o);
+    if (count < 0) return nullptr;
+    std::vector<ScanJob> jobs(count);
+    for (Py_ssize_t j = 0; j < count; ++j) {
+        PyObject *scan = PySequence_GetItem(scans_o, j);
+        PyObject *capsule, *arrays_o, *roles_o, *emits_o;
+        const bool ok = scan && PyArg_ParseTuple(scan, "OOOO", &capsule, &arrays_o, &roles_o, &emits_o) &&
+                        parse_scan(capsule, arrays_o, roles_o, emits_o, jobs[j]);
+        Py_XDECREF(scan);
+        if (!ok) return nullptr;
+        for (Py_ssize_t i = 0; i < j; ++i)
+            if (jobs[i].program == jobs[j].program) {
+                PyErr_SetString(PyExc_ValueError, "program_scans: a program given twice");
+                return nullptr;
+            }
+        if (jobs[j].program->threads != 1) {
+            PyErr_SetString(PyExc_ValueError, "program_scans: a program of more than one thread");
+            return nullptr;
         }
     }
     std::string error;
     bool unsupported = false;
     guarded(error, unsupported, [&] {
-        const lpt_parallel::Busy busy(program->opens_loops);
-        for (int64_t t = 0; t < length; ++t) {
-            for (Py_ssize_t i = 0; i < count; ++i) {
-                Slot &slot = program->slots[program->inputs[i]];
-                if (roles[i] >= 0) {
-                    const Carried &s = value[roles[i]];
-                    slot.dims = s.dims;
-                    slot.type = s.type;
-                    slot.data = s.bytes.data();
-                } else {
-                    const int64_t at = roles[i] == -2 ? t : roles[i] == -3 ? length - 1 - t : 0;
-                    slot.dims = bound[i].dims;
-                    slot.type = bound[i].type;
-                    slot.data = static_cast<const char *>(bound[i].data) + at * bound[i].count() * bound[i].item();
+        const lpt_parallel::Busy busy(true);
+        lpt_parallel::run(std::max(1, threads), count, 1, [&](lpt_parallel::Chunks &chunks) {
+            for (int64_t j; chunks.next(j);) {
+                ScanJob &job = jobs[j];
+                try {
+                    run_scan(job);
+                } catch (const Unsupported &e) {
+                    job.error = e.what();
+                    job.unsupported = true;
+                } catch (const dnnl::error &e) {
+                    job.error = std::string("oneDNN: ") + e.what();
+                } catch (const std::exception &e) {
+                    job.error = e.what();
                 }
-                slot.channels_last = false;
             }
-            run_code(*program);
-            // every output copied before any state changes: an output may be a view of a state's input
-            for (size_t k = 0; k < outputs; ++k) {
-                const Slot &slot = program->slots[program->outputs[k]];
-                const size_t bytes = (size_t)(slot.count() * slot.item());
-                if (emits[k] == -1) {
-                    if (slot.dims != value[k].dims || slot.type != value[k].type)
-                        throw Unsupported("a Scan's state changes its shape or type");
-                    next[k].bytes.resize(bytes);
-                    copy_out(*program, slot, next[k].bytes.data());
-                    continue;
-                }
-                Carried &e = value[k];
-                if (t == 0) {
-                    e.dims = slot.dims;
-                    e.type = slot.type;
-                    e.bytes.resize(bytes * length);
-                } else if (slot.dims != e.dims || slot.type != e.type) {
-                    throw Unsupported("a Scan's output changes its shape or type");
-                }
-                copy_out(*program, slot, e.bytes.data() + (emits[k] == 1 ? length - 1 - t : t) * bytes);
-            }
-            for (size_t k = 0; k < outputs; ++k)
-                if (emits[k] == -1) std::swap(value[k].bytes, next[k].bytes);
-            for (auto &slot : program->slots) {  // as end_run, the pool kept for the next step
-                slot.release();
-                slot.data = nullptr;
-                slot.channels_last = false;
-            }
-        }
+        });
     });
-    PyObject *results = error.empty() ? PyList_New(0) : nullptr;
-    for (size_t k = 0; k < outputs; ++k) {
-        const Carried &v = value[k];
-        std::vector<int64_t> dims(v.dims);
-        if (emits[k] != -1) dims.insert(dims.begin(), length);
-        append_result(results, dims, v.type, (Py_ssize_t)v.bytes.size(),
-                      [&](char *to) { std::memcpy(to, v.bytes.data(), v.bytes.size()); });
+    PyObject *all = error.empty() ? PyList_New(0) : nullptr;
+    for (ScanJob &job : jobs) {
+        if (job.error.empty() && !error.empty()) job.error = error;
+        PyObject *results = scan_results(job);
+        if (!results) Py_CLEAR(all);  // the first error stays set
+        else if (all && PyList_Append(all, results) < 0) Py_CLEAR(all);
+        Py_XDECREF(results);
+        if (!all) break;
     }
-    end_run(*program);
-    if (!error.empty())
-        PyErr_SetString(unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, error.c_str());
-    return results;
+    for (ScanJob &job : jobs) {  // after an error every program still gives its memory back
+        std::lock_guard<std::mutex> guard(job.program->lock);
+        end_run(*job.program);
+    }
+    return all;
 }
 
 PyObject *py_program_seconds(PyObject *, PyObject *args) {
@@ -3894,6 +3997,7 @@ PyMethodDef methods[] = {
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {"program_scan", py_program_scan, METH_VARARGS, PROGRAM_SCAN_DOC},
+        {"program_scans", py_program_scans, METH_VARARGS, PROGRAM_SCANS_DOC},
         {"program_seconds", py_program_seconds, METH_VARARGS, "program_seconds(program) -> each instruction's seconds in the last run"},
         {nullptr, nullptr, 0, nullptr}};
 

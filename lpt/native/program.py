@@ -75,6 +75,19 @@ class Program:
             raise Unsupported(str(why)) from None
         return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
 
+    @staticmethod
+    def scans(scans, threads: int) -> list[list[np.ndarray]]:
+        """Independent Scans at once, each on one of up to `threads` threads: (program, arrays, roles, emits)
+        each, as `scan` takes them, of distinct programs made for one thread. Each one's outputs."""
+        try:
+            results = engine.program_scans([(program._program, [np.asarray(a, order="C") for a in arrays],
+                                             list(roles), list(emits)) for program, arrays, roles, emits in scans],
+                                           threads)
+        except NotImplementedError as why:
+            raise Unsupported(str(why)) from None
+        return [[np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in outputs]
+                for outputs in results]
+
     def seconds(self) -> list[float]:
         """Each instruction's time in the last run, in order (empty before the first)."""
         return engine.program_seconds(self._program)

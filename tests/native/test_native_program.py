@@ -239,6 +239,29 @@ def test_a_scan_in_one_call_is_the_program_called_at_each_step(backwards):
     assert not np.array_equal(stacked[0], stacked[-1])
 
 
+def test_scans_at_once_are_each_scan_alone():
+    """Two recurrences of programs of one thread each, on two threads at once (program_scans), one reading
+    backwards: each gives what its program_scan gives; a program given twice, or one of two threads, is refused."""
+    rng = np.random.default_rng(5)
+
+    def recurrence(threads=1):
+        return Program([("binary", ["h", "x"], "sum", "add"), ("tanh", ["sum"], "h_next", None),
+                        ("identity", ["h_next"], "emitted", None)], ["h", "x"], ["h_next", "emitted"], threads=threads)
+
+    first, second = recurrence(), recurrence()
+    h, xs = rng.normal(0, 1, (1, 300)).astype(np.float32), rng.normal(0, 1, (9, 1, 300)).astype(np.float32)
+    jobs = [(first, [h, xs], [0, -2], [-1, 0]), (second, [h, xs[:4]], [0, -3], [-1, 1])]
+    together = Program.scans(jobs, threads=2)
+    for (program, arrays, roles, emits), outputs in zip(jobs, together):
+        alone = program.scan(arrays, roles, emits)
+        assert len(outputs) == 2 and all(same_bits(a, b) for a, b in zip(outputs, alone))
+    assert together[0][1].shape == (9, 1, 300) and together[1][1].shape == (4, 1, 300)
+    with pytest.raises(ValueError, match="given twice"):
+        Program.scans([jobs[0], jobs[0]], threads=2)
+    with pytest.raises(ValueError, match="more than one thread"):
+        Program.scans([jobs[0], (recurrence(threads=2),) + jobs[1][1:]], threads=2)
+
+
 def test_a_scan_whose_roles_do_not_fit_its_program_is_refused():
     program = Program([("binary", ["h", "x"], "y", "add")], ["h", "x"], ["y"], threads=1)
     h, xs = np.zeros((1, 3), np.float32), np.zeros((4, 1, 3), np.float32)
