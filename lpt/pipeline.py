@@ -135,7 +135,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
              on_stage=None, batch_axes: dict[str, int | None] | None = None, max_drop: float | None = None,
              min_sqnr: float | None = None, max_time: float | None = DEFAULT_MAX_TIME, labels: str | None = None,
              eval_data=None, overflow_fix: str | None = None, smooth_quant: float | None = None,
-             int8_recurrent: bool = False, dynamic: bool = False, ray: str | None = None,
+             int8_recurrent: bool | None = None, dynamic: bool = False, ray: str | None = None,
              ray_workers: int | None = None) -> QuantizeResult:
     """fp32 or fake-quantized `model` → FQ model, int8 graph, compiled plan and report.
 
@@ -150,7 +150,8 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     that AVX2's int16 pair sums cannot saturate (lpt.calibration.overflow_fix). `smooth_quant` (alpha
     in [0, 1], default None: off) runs SmoothQuant before placement (lpt.calibration.smooth_quant).
     `int8_recurrent` quantizes LSTM/GRU statically, their recurrent MatMuls included, as a projection
-    MatMul and a Scan (lpt.calibration.recurrent); by default they stay f32 ops.
+    MatMul and a Scan (lpt.calibration.recurrent): True every one lpt takes, False none (f32 ops), None
+    (the default) those of hidden size 256 or more, and none under accuracy control.
 
     Accuracy control (lpt.calibration.accuracy_control): with `max_drop` (top-1 points; `labels` is
     the key of the labels in the evaluation data) or `min_sqnr` (dB, the worst output against fp32),
@@ -186,6 +187,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         if int8_recurrent:
             raise QuantizationError("--int8-recurrent cannot be combined with --max-drop/--min-sqnr: accuracy "
                                     "control reverts FQs on the fp32 model, which has no Scan form of its LSTM/GRU")
+        int8_recurrent = False  # for the same reason, auto takes none
     if data is None:
         if not isinstance(model, (str, os.PathLike)):
             raise DataError("no data given: pass sample inputs (an .npz path, arrays, or an iterable of dicts)")
@@ -208,7 +210,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
         fq_model, dynamic_report, reference = result.model, result.report, original
     elif not already_quantized or recalibrate:
         options = {k: v for k, v in (("preset", preset), ("estimator", estimator), ("overflow_fix", overflow_fix),
-                                     ("smooth_quant", smooth_quant), ("int8_recurrent", int8_recurrent or None))
+                                     ("smooth_quant", smooth_quant), ("int8_recurrent", int8_recurrent))
                    if v is not None}
         fp32 = original if not already_quantized else _without_fake_quantize(fq_model)
         result = timed("calibrate", calibrate, fp32, inputs, subset_size=subset_size, ignore=ignore,

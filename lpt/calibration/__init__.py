@@ -55,7 +55,7 @@ from lpt.calibration.overflow_fix import (MAX_ROUNDS, NarrowedLayer, channel_mas
                                           saturating_channels)
 from lpt.calibration.placement import ACTIVATION, IgnoreRules, Placement, QuantizationPoint, Skipped, place
 from lpt.calibration.range_search import search_ranges
-from lpt.calibration.recurrent import QuantizedRecurrence, hidden_state_names, quantize_scans, to_scans
+from lpt.calibration.recurrent import AUTO_HIDDEN, QuantizedRecurrence, hidden_state_names, quantize_scans, to_scans
 from lpt.calibration.smooth_quant import Smoothing, apply_smoothing, smoothing_plan
 from lpt.calibration.steps import Statistics, collect_statistics, estimate_ranges
 from lpt.data.sources import open_data, record_preprocess
@@ -121,7 +121,7 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
               bias_correction: bool = True, skip_nonfinite: bool = False, quiet: bool = False,
               config: CalibrationConfig | None = None, batch_axes: dict[str, int | None] | None = None,
               overflow_fix: OverflowFix | str = DEFAULT_OVERFLOW_FIX,
-              smooth_quant: float | None = None, int8_recurrent: bool = False, ray: str | None = None,
+              smooth_quant: float | None = None, int8_recurrent: bool | None = None, ray: str | None = None,
               ray_workers: int | None = None) -> CalibrationResult:
     """Fake-quantize an fp32 `model` with ranges calibrated on `data`; the model given is not modified.
 
@@ -137,7 +137,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
     moves activation outliers into the weights of the MatMul/Gemm reading them before the FQs are
     placed (lpt.calibration.smooth_quant; one more pass); `int8_recurrent`: LSTM/GRU become
     projection MatMuls and a Scan whose recurrent MatMuls read an int8 h, its range calibrated on the
-    states h took (lpt.calibration.recurrent; without it they stay f32 ops). `config` (a
+    states h took (lpt.calibration.recurrent): True every one it takes, False none (they stay f32
+    ops), None (the default) those of hidden size 256 or more (recurrent.AUTO_HIDDEN). `config` (a
     CalibrationConfig) replaces all of these at once. `batch_axes` ({input name: axis, or None for
     a fixed input fed whole with every batch}) overrides the batch axes guessed from the model's
     input shapes (state [2, N, 128] → 1, a scalar → None). `ray` ("local" or a Ray address): the
@@ -213,11 +214,12 @@ def _apply(working: ir.Model, placement: Placement, fqs: dict, statistics: Stati
 
 
 def _scans(working: ir.Model, config: CalibrationConfig):
-    """With config.int8_recurrent, the LSTM/GRU of `working` rewritten into their Scan form, in place.
+    """The LSTM/GRU of `working` that config.int8_recurrent takes (True: all; None: of hidden size
+    AUTO_HIDDEN or more) rewritten into their Scan form, in place.
     (scans, ops left as they are with the reason)"""
-    if not config.int8_recurrent:
+    if config.int8_recurrent is False:
         return [], []
-    return to_scans(working, IgnoreRules(config.ignore))
+    return to_scans(working, IgnoreRules(config.ignore), min_hidden=0 if config.int8_recurrent else AUTO_HIDDEN)
 
 
 def _recurrent_weights(config: CalibrationConfig) -> WeightScheme:

@@ -83,7 +83,9 @@ class CalibrationConfig:
     weights: WeightScheme = field(default_factory=WeightScheme)
     overflow_fix: OverflowFix = DEFAULT_OVERFLOW_FIX
     smooth_quant: float | None = None  # SmoothQuant's alpha in [0, 1] (lpt.calibration.smooth_quant); None: off
-    int8_recurrent: bool = False  # LSTM/GRU as a projection MatMul and a Scan with int8 gate MatMuls (lpt.calibration.recurrent)
+    # LSTM/GRU as a projection MatMul and a Scan with int8 gate MatMuls (lpt.calibration.recurrent): True every
+    # one it takes, False none, None (auto) those of hidden size recurrent.AUTO_HIDDEN or more
+    int8_recurrent: bool | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "preset", _member(Preset, self.preset, "preset"))

@@ -168,6 +168,28 @@ def test_the_cli_option_and_combinations_it_refuses(tmp_path):
                                         "--min-sqnr", "30", "--force"])
     assert refused.exit_code != 0 and "--int8-recurrent cannot be combined" in refused.output
     assert "Traceback" not in refused.output
+    kept = CliRunner().invoke(main, ["quantize", str(path), "--no-int8-recurrent", "--batch-axis", "X=1",
+                                     "--overflow-fix", "none", "--force"])
+    assert kept.exit_code == 0, kept.output
+    assert not any(n.op_type == "Scan" for n in onnx.load(tmp_path / "gru.fq.onnx").graph.node)
+
+
+@pytest.mark.parametrize("auto_hidden, taken", [(HIDDEN, True), (HIDDEN + 1, False)])
+def test_by_default_recurrences_of_the_hidden_size_auto_takes_are_int8(monkeypatch, auto_hidden, taken):
+    """Unless told, the LSTM/GRU of hidden size AUTO_HIDDEN or more take the Scan form (here the bound is moved to
+    the test model's size, 8); a smaller one stays an op, the report saying why; int8_recurrent=False keeps every
+    one f32."""
+    monkeypatch.setattr(lpt.calibration, "AUTO_HIDDEN", auto_hidden)
+    proto, feeds = recurrent_model("LSTM", initial=False)
+    result = calibrate(ir.serde.deserialize_model(proto), samples(feeds), batch_axes=axes(feeds), quiet=True,
+                       overflow_fix="none")
+    assert [n.op_type for n in result.model.graph if n.op_type in ("LSTM", "Scan")] == (["Scan"] if taken else ["LSTM"])
+    why = [s.reason for s in result.report.left_f32 if s.node == "rnn"]
+    assert why == ([] if taken else [f"recurrence left f32: hidden size {HIDDEN}, below {auto_hidden}: int8 pays "
+                                     "where the recurrent products are larger (--int8-recurrent quantizes it)"])
+    off = calibrate(ir.serde.deserialize_model(proto), samples(feeds), batch_axes=axes(feeds), quiet=True,
+                    overflow_fix="none", int8_recurrent=False)
+    assert [n.op_type for n in off.model.graph if n.op_type in ("LSTM", "Scan")] == ["LSTM"]
 
 
 @pytest.mark.parametrize("overflow_fix, largest", [("all", 63), ("none", 127)])
