@@ -296,8 +296,9 @@ def _reusable(data, fp32: ir.Model, batch_axes):
 def _latency(before: ir.Model, after: ir.Model, inputs, fp32: ir.Model, batch_axes) -> dict[str, float]:
     """Median ms of one sample on lpt's backend, the default quantization and the chosen model, timed in
     alternating rounds so that the shared machine's load falls on both alike."""
-    feeds = next(iter(CalibrationData(inputs, input_specs(fp32), subset_size=1, batch_size=1,
-                                      batch_axes=batch_axes).batches()))
+    # the first batch of one sample, or of as many as the model fixes (subset_size=1 left none for a model whose
+    # batch axis, given by batch_axes, holds 2)
+    feeds = next(iter(CalibrationData(inputs, input_specs(fp32), batch_size=1, batch_axes=batch_axes).batches()))
     plans = {}
     for name, model in (("before", before), ("after", after)):
         if name == "after" and after is before:

@@ -178,7 +178,7 @@ def test_the_cli_option_and_combinations_it_refuses(tmp_path):
 def test_by_default_recurrences_of_the_hidden_size_auto_takes_are_int8(monkeypatch, auto_hidden, taken):
     """Unless told, the LSTM/GRU of hidden size AUTO_HIDDEN or more take the Scan form (here the bound is moved to
     the test model's size, 8); a smaller one stays an op, the report saying why; int8_recurrent=False keeps every
-    one f32."""
+    one f32, and so does accuracy control."""
     monkeypatch.setattr(lpt.calibration, "AUTO_HIDDEN", auto_hidden)
     proto, feeds = recurrent_model("LSTM", initial=False)
     result = calibrate(ir.serde.deserialize_model(proto), samples(feeds), batch_axes=axes(feeds), quiet=True,
@@ -190,6 +190,12 @@ def test_by_default_recurrences_of_the_hidden_size_auto_takes_are_int8(monkeypat
     off = calibrate(ir.serde.deserialize_model(proto), samples(feeds), batch_axes=axes(feeds), quiet=True,
                     overflow_fix="none", int8_recurrent=False)
     assert [n.op_type for n in off.model.graph if n.op_type in ("LSTM", "Scan")] == ["LSTM"]
+    # accuracy control reverts FQs on the fp32 model, which has no Scan form: auto takes none there (and its
+    # latency, on a batch of the two samples X's given batch axis fixes, is measured)
+    controlled = quantize(ir.serde.deserialize_model(proto), samples(feeds), batch_axes=axes(feeds), min_sqnr=10,
+                          overflow_fix="none")
+    assert [n.op_type for n in controlled.fq_model.graph if n.op_type in ("LSTM", "Scan")] == ["LSTM"]
+    assert controlled.report.accuracy_control.latency_ms["before"] > 0
 
 
 @pytest.mark.parametrize("overflow_fix, largest", [("all", 63), ("none", 127)])
