@@ -71,7 +71,7 @@ class ScanRun:
     def __init__(self, name: str, compile_body, threads: int, names: list[str], states: int,
                  backwards_in: list[bool], backwards_out: list[bool]):
         self.name, self.states, self.backwards_in, self.backwards_out = name, states, backwards_in, backwards_out
-        self._compile_body, self._names, self.threads = compile_body, names, threads
+        self._compile_body, self._names = compile_body, names
         plan = compile_body(threads)
         self.call = _one_call(plan, names)
         self.whole = _whole_scan(plan, names, states, backwards_in, backwards_out)
@@ -81,11 +81,18 @@ class ScanRun:
         return ScanRun(self.name, self._compile_body, 1, self._names, self.states, self.backwards_in,
                        self.backwards_out)
 
+    def length(self, inputs) -> int:
+        """The length of the Scan's sequences (DataError where they differ, or are empty)."""
+        lengths = sorted({sequence.shape[0] for sequence in inputs[self.states:]})
+        if len(lengths) > 1:
+            raise DataError(f"{self.name}: Scan over sequences of different lengths {lengths}")
+        if lengths[0] == 0:
+            raise DataError(f"{self.name}: Scan over a sequence of length 0")
+        return lengths[0]
+
     def __call__(self, *inputs):
         state, sequences = list(inputs[:self.states]), inputs[self.states:]
-        length = sequences[0].shape[0]
-        if length == 0:
-            raise DataError(f"{self.name}: Scan over a sequence of length 0")
+        length = self.length(inputs)
         if self.whole is not None and self.whole.native:
             try:
                 return self.whole(inputs)
@@ -115,9 +122,9 @@ class ScansAtOnce:
 
     def __call__(self, *arrays):
         inputs = [[arrays[i] for i in reads] for reads in self.reads]
-        # (a sequence of length 0 goes to the Scan's own run, which says so)
-        if all(run.whole is not None and run.whole.native and len(own[run.states]) for run, own in
-               zip(self.runs, inputs)):
+        for run, own in zip(self.runs, inputs):
+            run.length(own)
+        if all(run.whole is not None and run.whole.native for run in self.runs):
             try:
                 results = Program.scans([(run.whole.body.program, run.whole.arrays(own), run.whole.roles,
                                           run.whole.emits) for run, own in zip(self.runs, inputs)], self.threads)
