@@ -136,15 +136,15 @@ class ScansAtOnce:
 
 
 def scans_at_once(steps: list[Step], threads: int) -> list[Step]:
-    """`steps` with each run of consecutive Scan steps in one native call each where none reads another's
-    outputs (at most `threads` at once): one step of ScansAtOnce."""
+    """`steps` with each group of consecutive Scan steps that run in one native call, none reading another's
+    outputs, as one step that runs them at once (ScansAtOnce), at most `threads` to a group."""
     if threads < 2:
         return steps
     grouped, group = [], []
 
     def close():
         if len(group) > 1:
-            grouped.append(_at_once(group, threads))
+            grouped.append(_at_once(group))
         else:
             grouped.extend(group)
         group.clear()
@@ -158,7 +158,7 @@ def scans_at_once(steps: list[Step], threads: int) -> list[Step]:
     return grouped
 
 
-def _at_once(group: list[Step], threads: int) -> Step:
+def _at_once(group: list[Step]) -> Step:
     names = list(dict.fromkeys(name for step in group for name in step.inputs))
     runs = [step.run.on_one_thread() for step in group]
     return Step(ScansAtOnce(runs, [[names.index(n) for n in step.inputs] for step in group], len(group)), tuple(names),

@@ -3778,8 +3778,9 @@ void run_scan(ScanJob &job) {
     }
 }
 
-// The job's outputs as program_scan returns them, or null with its error set.
-PyObject *scan_results(ScanJob &job) {
+// The job's outputs as program_scan returns them, or null with its error set. The program's memory is the
+// caller's to give back (end_run).
+PyObject *scan_results(const ScanJob &job) {
     PyObject *results = job.error.empty() ? PyList_New(0) : nullptr;
     for (size_t k = 0; k < job.value.size(); ++k) {
         const Carried &v = job.value[k];
@@ -3787,10 +3788,6 @@ PyObject *scan_results(ScanJob &job) {
         if (job.emits[k] != -1) dims.insert(dims.begin(), job.length);
         append_result(results, dims, v.type, (Py_ssize_t)v.bytes.size(),
                       [&](char *to) { std::memcpy(to, v.bytes.data(), v.bytes.size()); });
-    }
-    {
-        std::lock_guard<std::mutex> guard(job.program->lock);
-        end_run(*job.program);
     }
     if (!job.error.empty())
         PyErr_SetString(job.unsupported ? PyExc_NotImplementedError : PyExc_RuntimeError, job.error.c_str());
@@ -3806,7 +3803,10 @@ PyObject *py_program_scan(PyObject *, PyObject *args) {
         const lpt_parallel::Busy busy(job.program->opens_loops);
         run_scan(job);
     });
-    return scan_results(job);
+    PyObject *results = scan_results(job);
+    std::lock_guard<std::mutex> guard(job.program->lock);
+    end_run(*job.program);
+    return results;
 }
 
 const char PROGRAM_SCANS_DOC[] =
@@ -3868,7 +3868,7 @@ PyObject *py_program_scans(PyObject *, PyObject *args) {
         Py_XDECREF(results);
         if (!all) break;
     }
-    for (ScanJob &job : jobs) {  // after an error every program still gives its memory back
+    for (ScanJob &job : jobs) {  // every program gives its memory back, after an error too
         std::lock_guard<std::mutex> guard(job.program->lock);
         end_run(*job.program);
     }

@@ -60,7 +60,7 @@ class Program:
             results = engine.program_run(self._program, arrays)
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
+        return _arrays(results)
 
     def scan(self, arrays, roles: list[int], emits: list[int]) -> list[np.ndarray]:
         """An ONNX Scan whose body is this program, in one call. `roles`, one per input: -1 the same
@@ -73,7 +73,7 @@ class Program:
             results = engine.program_scan(self._program, arrays, list(roles), list(emits))
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
+        return _arrays(results)
 
     @staticmethod
     def scans(scans, threads: int) -> list[list[np.ndarray]]:
@@ -85,9 +85,13 @@ class Program:
                                            threads)
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return [[np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in outputs]
-                for outputs in results]
+        return [_arrays(outputs) for outputs in results]
 
     def seconds(self) -> list[float]:
         """Each instruction's time in the last run, in order (empty before the first)."""
         return engine.program_seconds(self._program)
+
+
+def _arrays(results) -> list[np.ndarray]:
+    """The engine's (bytes, shape, type) outputs as arrays over those bytes."""
+    return [np.frombuffer(data, _DTYPES[kind]).reshape(shape) for data, shape, kind in results]
