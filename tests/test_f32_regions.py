@@ -914,16 +914,17 @@ def test_a_jax2tf_layer_norm_over_the_channels_is_one_step_of_lpts():
         assert program.run.native, "the program gave way to its steps"
 
 
-def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
+def spectrogram(pads=(0, 0), source_op: str | None = None, kernel: int = 11) -> onnx.ModelProto:
     """oww_melspectrogram: [N, samples] unsqueezed, two STFT convolutions (stride 3, 11-sample frames, 9
     frequencies; the second with a bias), frequencies last, re² + im², a constant mel MatMul into 4, then the
     log in decibels clipped below at its maximum less 5 (80 in the model). With `source_op`, that op of the input
-    is the signal (a Pad: 5 samples reflected at each end, as silero_vad_16k_op15's)."""
+    is the signal (a Pad: 5 samples reflected at each end, as silero_vad_16k_op15's). Frames of another `kernel`
+    length: a DFT's weights (a Hann window times cosines and minus sines)."""
     rng = np.random.default_rng(5)
     reflection = [helper.make_node("Pad", ["x", "ends"], ["source"], mode="reflect")]
     nodes = (reflection if source_op == "Pad" else [helper.make_node(source_op, ["x"], ["source"])]) if source_op else []
     nodes += [helper.make_node("Unsqueeze", ["source" if source_op else "x", "axis"], ["signal"]),
-             helper.make_node("Conv", ["signal", "cos"], ["re"], strides=[3], pads=list(pads), kernel_shape=[11]),
+             helper.make_node("Conv", ["signal", "cos"], ["re"], strides=[3], pads=list(pads), kernel_shape=[kernel]),
              helper.make_node("Conv", ["signal", "sin", "offset"], ["im"], strides=[3], pads=list(pads)),
              helper.make_node("Transpose", ["re"], ["re_t"], perm=[0, 2, 1]),
              helper.make_node("Transpose", ["im"], ["im_t"], perm=[0, 2, 1]),
@@ -939,6 +940,10 @@ def spectrogram(pads=(0, 0), source_op: str | None = None) -> onnx.ModelProto:
                "offset": rng.normal(0, 1, 9).astype(np.float32), "mel": rng.uniform(0, 1, (9, 4)).astype(np.float32),
                "floor": np.float32(1e-10), "decibels": np.float32(10 / np.log(10)), "range": np.float32(5),
                "ends": np.array([0, 5, 0, 5], np.int64)}
+    if kernel != 11:
+        from tests.native.test_native_float_ops import dft_weights
+
+        weights["cos"], weights["sin"] = dft_weights(kernel, 9)
     return model(nodes, {"x": ["N", "samples"]}, {"y": None}, weights)
 
 
@@ -962,6 +967,33 @@ def test_an_stfts_convolutions_and_their_power_are_one_native_program_of_lpts(so
     np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
     np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
     assert ours.min() == ours.max() - np.float32(5)  # clipped by a bound made at run time: the quiet bins
+
+
+def test_an_stfts_convolutions_by_a_dft_basis_fold_their_frames():
+    """torchlibrosa's STFT (oww_melspectrogram's): a Hann window times each frequency's cosine, and times minus its
+    sine, 64-sample frames. Each Conv's weights are even or odd about their middle, so its frames are folded and
+    multiplied by half the weights (the dense instruction's sign, kernels.folded_convolution_1d); random weights,
+    or a kernel shorter than FOLDED_KERNEL, are not. The plan gives the NumPy plan's bits, and onnxruntime's
+    spectrogram as the other STFT tests do."""
+    from lpt.backend.float_steps import FOLDED_KERNEL, _dft_parity
+    from tests.native.test_native_float_ops import dft_weights
+
+    fp32 = ir_model(spectrogram(kernel=64))
+    plan = compile_model(fp32)
+    assert [s.native[1][7] for s in plan.steps if s.op_types == ("Conv",)] == [1, -1]
+    x = RNG.normal(0, 1, (2, 400)).astype(np.float32)
+    ours = plan.run({"x": x})["y"]
+    np.testing.assert_array_equal(ours, compile_model(fp32, native=False).run({"x": x})["y"])
+    np.testing.assert_allclose(ours, run_onnxruntime(fp32, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+    cosines, sines = dft_weights(64, 33)
+    assert _dft_parity(cosines) == 1 and _dft_parity(sines) == -1
+    assert _dft_parity(RNG.normal(0, 1, cosines.shape).astype(np.float32)) == 0
+    assert _dft_parity(dft_weights(FOLDED_KERNEL - 2, 5)[0]) == 0  # too short to pay
+    tiny = cosines.copy()
+    tiny[3, 0, 5], tiny[3, 0, 59] = 1e-13, -1e-13  # a DFT's zeros, rounded apart: still even
+    assert _dft_parity(tiny) == 1
+    tiny[3, 0, 5] = 1e-5
+    assert _dft_parity(tiny) == 0
 
 
 def test_a_convolution_of_an_stfts_magnitudes_is_lpts_too():

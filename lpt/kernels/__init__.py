@@ -7,8 +7,8 @@ qlinear_output (ONNX QLinear*). Each kernel has a slow twin in lpt.kernels.refer
 
 from lpt.kernels.conv import PackedConv, conv_accumulate, pack_conv
 from lpt.kernels.conv_transpose import conv_transpose_accumulate, conv_transpose_output_shape
-from lpt.kernels.float_ops import (average_pool, convolution_1d, dense, extreme_over_middle_axes, gelu, hard_sigmoid,
-                                   hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu,
+from lpt.kernels.float_ops import (average_pool, convolution_1d, dense, extreme_over_middle_axes, folded_convolution_1d,
+                                   gelu, hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu,
                                    slope_and_clip, softmax, tanh_gelu)
 from lpt.kernels.elementwise import add_q, clip_q, concat_q, dequantize_shifted, join_q, mul_q, relu_q
 from lpt.kernels.gemm import exact_chunk, integer_matmul
@@ -24,7 +24,7 @@ __all__ = [
     "ELEMENTWISE_POST_OPS", "Clip", "FakeQuantize", "Gelu", "HardSwish", "LeakyRelu", "PackedConv", "PackedMatMul", "PostOp",
     "Relu", "Sigmoid", "Silu", "Sum", "Window",
     "add_q", "average_pool", "average_pool_q", "clip_q", "concat_q", "conv_accumulate", "convolution_1d", "conv_transpose_accumulate",
-    "conv_transpose_output_shape", "dense", "dequantization_multiplier", "dequantize", "dequantize_shifted", "exact_chunk",
+    "conv_transpose_output_shape", "dense", "folded_convolution_1d", "dequantization_multiplier", "dequantize", "dequantize_shifted", "exact_chunk",
     "extreme_over_middle_axes", "fq_input_affine", "gelu", "global_average_pool", "global_average_pool_q", "hard_sigmoid", "hard_swish", "integer_matmul", "join_q",
     "layer_norm", "matmul_accumulate", "matmul_accumulate_packed", "max_pool_q", "mean_over_axis_1", "mean_over_last_axis", "moment_layer_norm", "mul_q",
     "one_hot_levels",

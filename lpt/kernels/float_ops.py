@@ -136,6 +136,28 @@ def convolution_1d(x, weights, stride: int, bias=None, pads=(0, 0)) -> np.ndarra
     return np.ascontiguousarray(dense(rows, weights.reshape(weights.shape[0], -1).T, bias).transpose(0, 2, 1))
 
 
+def fold_frames(frames, sign: int) -> np.ndarray:
+    """Frames [..., k] folded about their middle as a DFT's weights are (w[k − n] = ±w[n]): f[0] = x[0],
+    f[n] = x[n] + sign·x[k − n] for n = 1 … (k − 1) // 2 (an add or a subtract, each a float32 operation), and
+    for an even k f[k / 2] = x[k / 2]: [..., k // 2 + 1]."""
+    frames = np.asarray(frames, np.float32)
+    k = frames.shape[-1]
+    half = (k - 1) // 2
+    first, second = frames[..., 1:half + 1], frames[..., k - 1:k - 1 - half:-1]  # x[n] and x[k − n]
+    parts = [frames[..., :1], first + second if sign > 0 else first - second]
+    return np.concatenate(parts + ([frames[..., k // 2:k // 2 + 1]] if k % 2 == 0 else []), axis=-1)
+
+
+def folded_convolution_1d(x, folded, kernel: int, sign: int, stride: int, bias=None, pads=(0, 0)) -> np.ndarray:
+    """convolution_1d of one channel whose weights [O, 1, kernel] are even (sign 1) or odd (sign −1) about their
+    middle, w[o, kernel − n] = sign·w[o, n] (an STFT's: each frequency's cosine or sine times a symmetric
+    window), as `dense` of each frame folded (fold_frames) by the weights' first kernel // 2 + 1 as `folded`
+    [kernel // 2 + 1, O]: half the products. [N, O, frames]."""
+    x = np.pad(np.asarray(x, np.float32), ((0, 0), (0, 0), tuple(pads)))
+    frames = np.lib.stride_tricks.sliding_window_view(x[:, 0], kernel, axis=-1)[:, ::stride]  # [N, frames, k]
+    return np.ascontiguousarray(dense(fold_frames(frames, sign), folded, bias).transpose(0, 2, 1))
+
+
 def softmax(x) -> np.ndarray:
     """ONNX Softmax along the last axis: m = the maximum, e = lpt's exp(x − m) (lpt.numerics.exp), Σe in
     lanes (sum_in_lanes), y = e / Σe. onnxruntime's differs in the last bits (its own exp, and a product

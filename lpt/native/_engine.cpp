@@ -1925,6 +1925,9 @@ struct Instruction {
     std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
     int64_t depth = 0, width = 0, stride = 0;  // dense: the weights' [depth, width]; a Conv's stride (0: a MatMul)
     int64_t frame_channels = 1, pad_begin = 0, pad_end = 0;  // dense of a Conv: its source's channels, its zero pads
+    // dense of a Conv of one channel whose weights are even (1) or odd (−1) about their middle: each frame of
+    // fold_kernel samples folded as kernels.fold_frames folds it (depth = fold_kernel / 2 + 1); 0: not folded
+    int64_t fold_kernel = 0, fold_sign = 0;
 };
 
 // Memory a slot holds for its values: allocated without being cleared (every instruction writes its
@@ -3033,28 +3036,45 @@ void step(Program &program, const Instruction &ins) {
                 out.dims = a.dims;
                 out.dims.back() = ins.width;
                 rows = a.count() / ins.depth;  // the parser refuses a depth of 0
-            } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0) {  // an STFT's frames
+            } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0 && !ins.fold_sign) {  // an STFT's frames
                 if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
                     throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
                 groups = a.dims[0], group_step = a.dims[2], rows = (a.dims[2] - ins.depth) / ins.stride + 1;
                 row_step = ins.stride;
                 out.dims = {a.dims[0], ins.width, rows};
             } else {  // each frame's kernel of samples of every channel, channel by channel, copied into a row
-                const int64_t channels = ins.frame_channels, kernel = ins.depth / channels;
+                const int64_t channels = ins.frame_channels, kernel = ins.fold_sign ? ins.fold_kernel : ins.depth / channels;
                 if (a.dims.size() != 3 || a.dims[1] != channels || a.dims[2] + ins.pad_begin + ins.pad_end < kernel)
                     throw Unsupported("a convolution's source of other than [N, its channels, at least its kernel]");
                 const int64_t length = a.dims[2];
                 groups = a.dims[0], rows = (length + ins.pad_begin + ins.pad_end - kernel) / ins.stride + 1;
                 group_step = rows * ins.depth;
                 float *f = frames.get((size_t)(groups * group_step));
-                for (int64_t g = 0; g < groups; ++g)
-                    for (int64_t r = 0; r < rows; ++r)
-                        for (int64_t c = 0; c < channels; ++c) {
-                            const float *signal = in + (g * channels + c) * length;
-                            float *row = f + g * group_step + r * ins.depth + c * kernel;
-                            for (int64_t j = 0, t = r * ins.stride - ins.pad_begin; j < kernel; ++j, ++t)
-                                row[j] = t >= 0 && t < length ? signal[t] : 0.0f;
+                if (ins.fold_sign) {  // f[0] = x[0], f[n] = x[n] ± x[k − n], f[k / 2] = x[k / 2] (k even)
+                    const int64_t half = (kernel - 1) / 2;
+                    for (int64_t g = 0; g < groups; ++g)
+                        for (int64_t r = 0; r < rows; ++r) {
+                            const float *signal = in + g * length;
+                            const int64_t start = r * ins.stride - ins.pad_begin;
+                            auto x = [&](int64_t j) { return start + j >= 0 && start + j < length ? signal[start + j] : 0.0f; };
+                            float *row = f + g * group_step + r * ins.depth;
+                            row[0] = x(0);
+                            if (ins.fold_sign > 0)
+                                for (int64_t n = 1; n <= half; ++n) row[n] = x(n) + x(kernel - n);
+                            else
+                                for (int64_t n = 1; n <= half; ++n) row[n] = x(n) - x(kernel - n);
+                            if (kernel % 2 == 0) row[kernel / 2] = x(kernel / 2);
                         }
+                } else {
+                    for (int64_t g = 0; g < groups; ++g)
+                        for (int64_t r = 0; r < rows; ++r)
+                            for (int64_t c = 0; c < channels; ++c) {
+                                const float *signal = in + (g * channels + c) * length;
+                                float *row = f + g * group_step + r * ins.depth + c * kernel;
+                                for (int64_t j = 0, t = r * ins.stride - ins.pad_begin; j < kernel; ++j, ++t)
+                                    row[j] = t >= 0 && t < length ? signal[t] : 0.0f;
+                            }
+                }
                 in = f;
                 out.dims = {a.dims[0], ins.width, rows};
             }
@@ -3443,11 +3463,13 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     ins.low_level = (uint8_t)low, ins.high_level = (uint8_t)high, ins.signed_out = is_signed;
                 }
             } else if (k == "dense") {  // (weights [depth, width], bias or None, stride: 0 for a MatMul
-                                         //  [, a Conv's source channels, its pads at the start and the end])
+                                         //  [, a Conv's source channels, its pads at the start and the end
+                                         //  [, its kernel and 1 or −1 where its frames are folded]])
                 PyObject *weights, *bias;
-                long long stride, channels = 1, pad_begin = 0, pad_end = 0;
+                long long stride, channels = 1, pad_begin = 0, pad_end = 0, fold_kernel = 0, fold_sign = 0;
                 ins.code = Code::dense;
-                parsed = PyArg_ParseTuple(extra, "OOL|LLL", &weights, &bias, &stride, &channels, &pad_begin, &pad_end);
+                parsed = PyArg_ParseTuple(extra, "OOL|LLLLL", &weights, &bias, &stride, &channels, &pad_begin, &pad_end,
+                                          &fold_kernel, &fold_sign);
                 if (parsed) {
                     Buffer w;
                     if (!w.get(weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) || w.format() != 'f' || w.view.ndim != 2) {
@@ -3464,6 +3486,10 @@ PyObject *py_program(PyObject *, PyObject *args) {
                         (stride == 0 && (channels != 1 || pad_begin || pad_end)))
                         throw std::invalid_argument("a dense instruction's channels do not divide its depth, or its pads are negative or on a MatMul");
                     ins.frame_channels = channels, ins.pad_begin = pad_begin, ins.pad_end = pad_end;
+                    if (fold_sign && (stride == 0 || channels != 1 || (fold_sign != 1 && fold_sign != -1) ||
+                                      fold_kernel < 2 || ins.depth != fold_kernel / 2 + 1))
+                        throw std::invalid_argument("a folded dense instruction needs a Conv of one channel, a sign of 1 or -1 and a depth of half its kernel and one");
+                    ins.fold_kernel = fold_sign ? fold_kernel : 0, ins.fold_sign = fold_sign;
                 }
             } else if (k == "flatten") {
                 ins.code = Code::flatten;

@@ -19,8 +19,9 @@ scale, bias: jax2tf's over axis 1 of [N, C, T] or [N, C]; inputs after the first
 Reshapes and Expands are given, each of which must be [N, 1, T] or [N, 1]), "relu", "sigmoid", "tanh", "erf", "gelu" (divisor, one, half),
 "mean_axis_1" (keepdims; of [N, T, C], or of [N, T] its last), "extreme_middle" (keepdims, smallest: a ReduceMax or ReduceMin over the
 middle axes of [N, *positions, C]), "gather" (a constant table's values and shape, by int32/int64 indices)
-and "dense" (weights [k, n], bias or None, stride[, channels, pad at the start, pad at the end]: a MatMul by
-the weights, or with a stride the frames of [N, channels, length] as a Conv's, kernels.convolution_1d; kernels.dense's
+and "dense" (weights [k, n], bias or None, stride[, channels, pad at the start, pad at the end[, kernel, sign]]: a
+MatMul by the weights, or with a stride the frames of [N, channels, length] as a Conv's, kernels.convolution_1d, or
+with a sign each frame of one channel folded about its middle, kernels.folded_convolution_1d; kernels.dense's
 order of sums). Each computes what the
 step computes in Python, bit for bit. Where an
 instruction meets what it does not take (a float tensor where it expects integers, joins of

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import lpt.native
 from lpt.backend.int8_steps import slice_range
-from lpt.kernels import (average_pool, convolution_1d, dense, extreme_over_middle_axes, gelu, hard_sigmoid, hard_swish,
-                         layer_norm, mean_over_axis_1, mean_over_last_axis, moment_layer_norm, relu, slope_and_clip,
-                         softmax, tanh_gelu)
+from lpt.kernels import (average_pool, convolution_1d, dense, extreme_over_middle_axes, folded_convolution_1d, gelu,
+                         hard_sigmoid, hard_swish, layer_norm, mean_over_axis_1, mean_over_last_axis, moment_layer_norm,
+                         relu, slope_and_clip, softmax, tanh_gelu)
 from lpt.native import Unsupported
 from lpt.kernels.quantize import one_hot_levels, quantize
 from lpt.native.program import Program
@@ -650,6 +650,51 @@ def test_a_convolution_of_channels_with_pads_is_a_product_of_its_frames(seed, la
         direct = np.stack([np.einsum("nck,ock->no", padded[:, :, t * stride:t * stride + kernel], weights)
                            for t in range(y.shape[2])], axis=-1) + (0 if bias is None else bias[:, None])
         np.testing.assert_allclose(y, direct, rtol=1e-4, atol=1e-4)
+
+
+def dft_weights(kernel: int, frequencies: int) -> tuple[np.ndarray, np.ndarray]:
+    """An STFT's convolution weights [frequencies, 1, kernel] as torchlibrosa makes them: a periodic Hann window
+    times each frequency's cosine, and times minus its sine, computed in float64 and rounded to float32."""
+    n = np.arange(kernel)
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * n / kernel)
+    angle = 2 * np.pi * np.outer(np.arange(frequencies), n) / kernel
+    return ((window * np.cos(angle)).astype(np.float32)[:, None, :],
+            (-window * np.sin(angle)).astype(np.float32)[:, None, :])
+
+
+@given(seed=st.integers(0, 2**32 - 1), kernel=st.sampled_from([64, 65, 100, 512]), odd=st.booleans(),
+       stride=st.integers(1, 200), pads=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+       frames=st.integers(1, 6), special=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_an_stfts_convolution_of_folded_frames_is_lpts(seed, kernel, odd, stride, pads, frames, special):
+    """A Conv of one channel whose weights are even (cosines) or odd (sines) about their middle, as its frames
+    folded (x[n] ± x[k − n]) by half its weights, each frame's samples past the signal's ends its pads' zeros:
+    kernels.folded_convolution_1d's bits, and the convolution's value to float32 rounding."""
+    rng = np.random.default_rng(seed)
+    cosines, sines = dft_weights(kernel, 33)
+    weights, sign = (sines, -1) if odd else (cosines, 1)
+    bias = rng.normal(0, 1, 33).astype(np.float32) if seed % 2 else None
+    length = max(1, kernel - sum(pads)) + (frames - 1) * stride + int(rng.integers(0, stride))
+    folded = np.ascontiguousarray(weights[:, 0, :kernel // 2 + 1].T)
+    y, x = run(rng, (2, 1, length), "channels_first", ("dense", ["x"], "y", (folded, bias, stride, 1, *pads, kernel, sign)),
+               special)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = folded_convolution_1d(x, folded, kernel, sign, stride, bias, pads)
+    assert y.shape == (2, 33, (length + sum(pads) - kernel) // stride + 1) == expected.shape
+    assert same_bits(y, expected)
+    if not special:  # the convolution in float64, by the weights unfolded
+        padded = np.pad(x[:, 0].astype(np.float64), ((0, 0), pads))
+        frames_of = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=-1)[:, ::stride]
+        direct = np.einsum("ntk,ok->not", frames_of, weights[:, 0].astype(np.float64))
+        direct += 0 if bias is None else bias[:, None]
+        np.testing.assert_allclose(y, direct, rtol=1e-4, atol=1e-4 * np.abs(x).max())
+
+
+def test_a_folded_dense_instruction_that_does_not_fit_is_refused():
+    folded = np.ones((33, 3), np.float32)
+    for extra in ((1, 0, 0, 64, 2), (3, 0, 0, 64, 1), (1, 0, 0, 66, 1)):  # a sign of 2, 3 channels, depth ≠ 66 / 2 + 1
+        with pytest.raises(ValueError, match="folded dense"):
+            Program([("dense", ["x"], "y", (folded, None, 4, *extra))], ["x"], ["y"], threads=1)
 
 
 def test_a_dense_product_gives_way_where_its_source_does_not_fit():
