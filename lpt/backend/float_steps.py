@@ -248,7 +248,8 @@ def _convolution_1d(node: ir.Node) -> tuple | None:
     return _float_step(convolve, [node.inputs[0]], node, ("dense", (rows, bias, stride, weights.shape[1], *pads)))
 
 
-# Kernels shorter than this are not folded: the pass that folds each frame costs about what it saves.
+# Kernels shorter than this are not folded (silero_vad_16k_op15's encoder reads 3 samples): a DFT's frames are
+# hundreds of samples, and a short filter's products are few.
 FOLDED_KERNEL = 64
 
 
@@ -259,7 +260,7 @@ def _dft_parity(weights: np.ndarray) -> int:
     magnitude: a DFT's zeros, computed at two arguments, round to tiny values of their own (oww_melspectrogram's
     weights: 844 of 65 535 pairs, at most 1.3e-13 apart, against weights up to 1); the folded product reads the
     first of the two."""
-    o, channels, k = weights.shape
+    _, channels, k = weights.shape
     if channels != 1 or k < FOLDED_KERNEL:
         return 0
     half = (k - 1) // 2
