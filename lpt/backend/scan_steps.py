@@ -166,17 +166,28 @@ def _at_once(group: list[Step]) -> Step:
                 tuple(t for step in group for t in step.op_types), "int8 kernel")
 
 
+def _single_step(plan, names: list[str]):
+    """The plan's one step where the body compiled to one (a native program) reading only the body's inputs
+    `names` and constants and giving the body's outputs (in any order), else None."""
+    if len(plan.run_steps) != 1:
+        return None
+    [only] = plan.run_steps
+    fits = set(only.inputs) <= set(names) | set(plan.constants) and sorted(only.outputs) == sorted(plan.outputs)
+    return only if fits else None
+
+
 def _one_call(plan, names: list[str]):
     """body inputs (in the body's order) → body outputs: the plan's one step called directly where the
-    body compiled to one (a native program), which spares each time step the plan's bookkeeping."""
-    [only] = plan.run_steps if len(plan.run_steps) == 1 else [None]
-    if (only is not None and set(only.inputs) <= set(names) | set(plan.constants)
-            and list(only.outputs) == plan.outputs):
+    body compiled to one (_single_step), which spares each time step the plan's bookkeeping."""
+    only = _single_step(plan, names)
+    if only is not None:
         fixed = [plan.constants.get(name) for name in only.inputs]
         order = [names.index(name) if name in names else None for name in only.inputs]
+        outputs = [list(only.outputs).index(name) for name in plan.outputs]
 
         def directly(values):
-            return list(only.run(*[fixed[k] if i is None else values[i] for k, i in enumerate(order)]))
+            results = only.run(*[fixed[k] if i is None else values[i] for k, i in enumerate(order)])
+            return [results[k] for k in outputs]
         return directly
 
     def through_the_plan(values):
@@ -213,12 +224,9 @@ class _WholeScan:
 
 
 def _whole_scan(plan, names: list[str], states: int, backwards_in: list[bool], backwards_out: list[bool]):
-    """A _WholeScan where the body compiled to one native program reading only its inputs and
-    constants, else None."""
-    if len(plan.run_steps) != 1 or not isinstance(plan.run_steps[0].run, ProgramRun):
-        return None
-    [only] = plan.run_steps
-    if not set(only.inputs) <= set(names) | set(plan.constants) or sorted(only.outputs) != sorted(plan.outputs):
+    """A _WholeScan where the body compiled to one native program (_single_step), else None."""
+    only = _single_step(plan, names)
+    if only is None or not isinstance(only.run, ProgramRun):
         return None
     order = [list(only.outputs).index(name) for name in plan.outputs]  # the body's outputs among the program's
     emits = [-1] * len(order)

@@ -3587,16 +3587,21 @@ void append_result(PyObject *&results, const std::vector<int64_t> &dims, char ty
     Py_XDECREF(entry);
 }
 
-// After a run: the slots' memory back to the pool, which stays for the next run up to KEEP_PROGRAM_BYTES
-// in all (a large batch's would stay allocated otherwise). Slots whose lifetimes do not overlap share
-// it, so a run needs about its largest set of live tensors, and the next run reuses it (no new pages to
-// fault in).
-void end_run(Program &program) {
+// The slots' memory back to the program's pool (between a Scan's steps, and at the end of a run).
+void release_slots(Program &program) {
     for (auto &slot : program.slots) {
         slot.release();
         slot.data = nullptr;  // inputs are the caller's
         slot.channels_last = false;
     }
+}
+
+// After a run: the slots' memory back to the pool, which stays for the next run up to KEEP_PROGRAM_BYTES
+// in all (a large batch's would stay allocated otherwise). Slots whose lifetimes do not overlap share
+// it, so a run needs about its largest set of live tensors, and the next run reuses it (no new pages to
+// fault in).
+void end_run(Program &program) {
+    release_slots(program);
     size_t kept = program.scratch.bytes() + program.upsampled.bytes();
     for (const auto &memory : program.pool) kept += memory.capacity;
     if (kept > KEEP_PROGRAM_BYTES) {
@@ -3796,11 +3801,7 @@ void run_scan(ScanJob &job) {
         }
         for (size_t k = 0; k < outputs; ++k)
             if (emits[k] == -1) std::swap(job.value[k].bytes, job.next[k].bytes);
-        for (auto &slot : program.slots) {  // as end_run, the pool kept for the next step
-            slot.release();
-            slot.data = nullptr;
-            slot.channels_last = false;
-        }
+        release_slots(program);  // the pool kept for the next step
     }
 }
 

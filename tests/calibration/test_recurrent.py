@@ -11,9 +11,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import lpt
-import lpt.native
 from cli.main import main
-from lpt.backend.scan_steps import ScansAtOnce
 from lpt.calibration import calibrate
 from lpt.calibration.recurrent import to_scans
 from lpt.pipeline import quantize
@@ -129,29 +127,6 @@ def test_the_int8_recurrence_with_numpys_kernels_is_the_native_ones():
     ours = result.plan.run(feeds)
     for name in ("Y", "Y_h"):
         np.testing.assert_allclose(ours[name], reference[name], atol=1e-6)
-
-
-@pytest.mark.skipif(not lpt.native.available(), reason="lpt's native engine is not available")
-def test_both_directions_run_at_once_each_in_one_native_call_with_the_bits_of_a_call_per_step():
-    """A bidirectional LSTM on two threads: its directions' Scans (the second read and emitted backwards, each
-    carrying h and c) run at once, each in one call of the engine on a thread of its own (ScansAtOnce), and give
-    the bits of each body's program called at each step."""
-    proto, feeds = recurrent_model("LSTM", "bidirectional")
-    result = quantize(ir.serde.deserialize_model(proto), samples(feeds), int8_recurrent=True, batch_axes=axes(feeds),
-                      overflow_fix="none")
-    plan = lpt.compile_model(lpt.clone(result.int8_model), threads=2)
-    [together] = [s.run for s in plan.run_steps if s.op_types == ("Scan", "Scan")]
-    assert isinstance(together, ScansAtOnce) and all(r.whole is not None for r in together.runs)
-    at_once = plan.run(feeds)
-    assert all(r.whole.native for r in together.runs)  # none gave way
-    for r in together.runs:
-        r.whole.native = False
-    step_by_step = plan.run(feeds)
-    for name in ("Y", "Y_h", "Y_c"):
-        assert at_once[name].dtype == np.float32 and np.array_equal(at_once[name], step_by_step[name])
-    one_thread = lpt.compile_model(lpt.clone(result.int8_model), threads=1)
-    assert not any(isinstance(s.run, ScansAtOnce) for s in one_thread.run_steps)
-    assert all(np.array_equal(one_thread.run(feeds)[name], at_once[name]) for name in ("Y", "Y_h", "Y_c"))
 
 
 def test_the_cli_option_and_combinations_it_refuses(tmp_path):

@@ -262,6 +262,32 @@ def test_scans_at_once_are_each_scan_alone():
         Program.scans([jobs[0], (recurrence(threads=2),) + jobs[1][1:]], threads=2)
 
 
+def test_both_directions_run_at_once_each_in_one_native_call_with_the_bits_of_a_call_per_step():
+    """A bidirectional LSTM on two threads: its directions' Scans (the second read and emitted backwards, each
+    carrying h and c) run at once, each in one call of the engine on a thread of its own (ScansAtOnce), and give
+    the bits of each body's program called at each step."""
+    from lpt.backend.scan_steps import ScansAtOnce
+    from lpt.pipeline import quantize
+    from tests.calibration.test_recurrent import axes, recurrent_model, samples
+
+    proto, feeds = recurrent_model("LSTM", "bidirectional")
+    result = quantize(ir.serde.deserialize_model(proto), samples(feeds), int8_recurrent=True, batch_axes=axes(feeds),
+                      overflow_fix="none")
+    plan = lpt.compile_model(lpt.clone(result.int8_model), threads=2)
+    [together] = [s.run for s in plan.run_steps if s.op_types == ("Scan", "Scan")]
+    assert isinstance(together, ScansAtOnce) and all(r.whole is not None for r in together.runs)
+    at_once = plan.run(feeds)
+    assert all(r.whole.native for r in together.runs)  # none gave way
+    for r in together.runs:
+        r.whole.native = False
+    step_by_step = plan.run(feeds)
+    for name in ("Y", "Y_h", "Y_c"):
+        assert at_once[name].dtype == np.float32 and np.array_equal(at_once[name], step_by_step[name])
+    one_thread = lpt.compile_model(lpt.clone(result.int8_model), threads=1)
+    assert not any(isinstance(s.run, ScansAtOnce) for s in one_thread.run_steps)
+    assert all(np.array_equal(one_thread.run(feeds)[name], at_once[name]) for name in ("Y", "Y_h", "Y_c"))
+
+
 def test_a_scan_whose_roles_do_not_fit_its_program_is_refused():
     program = Program([("binary", ["h", "x"], "y", "add")], ["h", "x"], ["y"], threads=1)
     h, xs = np.zeros((1, 3), np.float32), np.zeros((4, 1, 3), np.float32)
