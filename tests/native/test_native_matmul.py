@@ -11,7 +11,7 @@ import lpt.native
 from lpt.kernels import Clip, Gelu, HardSwish, LeakyRelu, Relu, Sigmoid, Silu
 from lpt.kernels.output_stage import output_stage
 from lpt.kernels.matmul import matmul_accumulate
-from lpt.kernels.reference import matmul_reference
+from lpt.kernels.reference import conv_reference, matmul_reference
 
 ROUTES = sorted(set(lpt.native.exact_routes()) | {"split"})
 
@@ -216,6 +216,48 @@ def test_sigmoid_in_the_output_stage_is_lpts_numpy_sigmoid_over_the_float_range(
                                 axis=-1)
         got = matmul(src)
         assert got.dtype == expected.dtype and np.array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
+                    reason="this CPU has no AVX2, so it has no s16 route, the one with row tiles")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k, n", [(1, 16), (7, 40), (33, 64), (300, 149), (517, 300)])
+def test_one_row_takes_row_tiles_with_the_same_values(k, n, threads):
+    """One row (a recurrence's step at batch 1) runs on s16's row tiles, up to four blocks of sixteen
+    outputs per broadcast, and past 256 kB of int16 weights on an int8 copy of them ([517, 300]): a
+    group of blocks that is whole, one short of them (149 outputs: 10 blocks, the last of 5), the
+    extremes; the same accumulators and output stage as the reference, and as the same weights run
+    with more rows (the tiles of positions, and the int16 weights)."""
+    rng = np.random.default_rng(k * n)
+    weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    weights[:, :3] = -128
+    src = rng.integers(0, 256, (3, k)).astype(np.uint8)
+    src[0, ::2] = 255
+    multiplier = rng.uniform(1e-5, 1e-4, n).astype(np.float32)
+    bias = rng.normal(0, 1, n).astype(np.float32)
+    native = lpt.native.MatMul(weights, src_zero_point=9, multiplier=multiplier, bias=bias, dst_scale=np.float32(0.02),
+                               dst_zero_point=np.int32(3), dst_dtype=np.uint8, route="s16", threads=threads)
+    reference = matmul_reference(src, 9, weights, 0).astype(np.int32)
+    expected = output_stage(reference, multiplier, bias, (), np.float32(0.02), np.int32(3), 0, 255, axis=-1)
+    for row in range(len(src)):
+        assert np.array_equal(native.accumulate(src[row:row + 1]), reference[row:row + 1])
+        assert np.array_equal(native(src[row:row + 1]), expected[row:row + 1])
+    assert np.array_equal(native(src), expected)
+
+
+@pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
+                    reason="this CPU has no AVX2, so it has no s16 route, the one with row tiles")
+@pytest.mark.parametrize("one_d", [False, True])
+def test_a_convolution_of_one_output_position_takes_row_tiles(one_d):
+    """A 3×3 (or 3) convolution padded over a 1×1 (or 1) map has one output position per image: s16's row
+    tiles walk its kernel rows over the padded source, for each image of a batch."""
+    rng = np.random.default_rng(5)
+    kernel = (3,) if one_d else (3, 3)
+    weights = rng.integers(-128, 128, (70, 21) + kernel).astype(np.int8)
+    src = rng.integers(0, 256, (3, 21) + (1,) * len(kernel)).astype(np.uint8)
+    pads = (1, 1) * len(kernel)
+    native = lpt.native.Conv(weights, pads=pads, src_zero_point=200, route="s16", threads=2)
+    assert np.array_equal(native.accumulate(src), conv_reference(src, weights, 200, pads=list(pads)))
 
 
 @pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
