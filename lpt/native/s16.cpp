@@ -116,9 +116,10 @@ __attribute__((target("avx2"))) void row_tile(const int16_t *position, const W *
                 std::memcpy(&pair, src + 2 * q, sizeof pair);
                 const __m256i s = _mm256_set1_epi32(pair);
                 for (int b = 0; b < BLOCKS; ++b)
-                    for (int k = 0; k < 2; ++k)
-                        acc[b][k] = _mm256_add_epi32(acc[b][k],
-                                                     _mm256_madd_epi16(s, weight_vector(weights + b * block_size + at + k * LANES)));
+                    for (int k = 0; k < 2; ++k) {
+                        const __m256i wk = weight_vector(weights + b * block_size + at + k * LANES);
+                        acc[b][k] = _mm256_add_epi32(acc[b][k], _mm256_madd_epi16(s, wk));
+                    }
             }
         }
     }

@@ -221,13 +221,13 @@ def test_sigmoid_in_the_output_stage_is_lpts_numpy_sigmoid_over_the_float_range(
 @pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
                     reason="this CPU has no AVX2, so it has no s16 route, the one with row tiles")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("k, n", [(1, 16), (7, 40), (33, 64), (300, 149), (517, 300)])
+@pytest.mark.parametrize("k, n", [(1, 16), (7, 40), (33, 64), (300, 149), (1031, 530)])
 def test_one_row_takes_row_tiles_with_the_same_values(k, n, threads):
     """One row (a recurrence's step at batch 1) runs on s16's row tiles, up to four blocks of sixteen
-    outputs per broadcast, and past 256 kB of int16 weights on an int8 copy of them ([517, 300]): a
-    group of blocks that is whole, one short of them (149 outputs: 10 blocks, the last of 5), the
-    extremes; the same accumulators and output stage as the reference, and as the same weights run
-    with more rows (the tiles of positions, and the int16 weights)."""
+    outputs per broadcast (149 outputs: groups of 4, 4 and 2 blocks, the last block of 5 outputs), and
+    past 256 kB of int16 weights on an int8 copy of them ([1031, 530], also enough work for two threads),
+    at the extremes too: the accumulators and output stage of the reference, as the same weights give
+    with three rows (tiles of positions, the int16 weights)."""
     rng = np.random.default_rng(k * n)
     weights = rng.integers(-128, 128, (k, n)).astype(np.int8)
     weights[:, :3] = -128
