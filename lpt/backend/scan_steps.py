@@ -167,23 +167,24 @@ def _at_once(group: list[Step]) -> Step:
 
 
 def _single_step(plan, names: list[str]):
-    """The plan's one step where the body compiled to one (a native program) reading only the body's inputs
-    `names` and constants and giving the body's outputs (in any order), else None."""
+    """(the plan's one step, the index of each body output among the step's) where the body compiled to one (a
+    native program) reading only the body's inputs `names` and constants and giving the body's outputs (in any
+    order), else (None, None)."""
     if len(plan.run_steps) != 1:
-        return None
+        return None, None
     [only] = plan.run_steps
-    fits = set(only.inputs) <= set(names) | set(plan.constants) and sorted(only.outputs) == sorted(plan.outputs)
-    return only if fits else None
+    if not set(only.inputs) <= set(names) | set(plan.constants) or sorted(only.outputs) != sorted(plan.outputs):
+        return None, None
+    return only, [list(only.outputs).index(name) for name in plan.outputs]
 
 
 def _one_call(plan, names: list[str]):
     """body inputs (in the body's order) → body outputs: the plan's one step called directly where the
     body compiled to one (_single_step), which spares each time step the plan's bookkeeping."""
-    only = _single_step(plan, names)
+    only, outputs = _single_step(plan, names)
     if only is not None:
         fixed = [plan.constants.get(name) for name in only.inputs]
         order = [names.index(name) if name in names else None for name in only.inputs]
-        outputs = [list(only.outputs).index(name) for name in plan.outputs]
 
         def directly(values):
             results = only.run(*[fixed[k] if i is None else values[i] for k, i in enumerate(order)])
@@ -225,10 +226,9 @@ class _WholeScan:
 
 def _whole_scan(plan, names: list[str], states: int, backwards_in: list[bool], backwards_out: list[bool]):
     """A _WholeScan where the body compiled to one native program (_single_step), else None."""
-    only = _single_step(plan, names)
+    only, order = _single_step(plan, names)  # order: the body's outputs among the program's
     if only is None or not isinstance(only.run, ProgramRun):
         return None
-    order = [list(only.outputs).index(name) for name in plan.outputs]  # the body's outputs among the program's
     emits = [-1] * len(order)
     for k, backwards in enumerate(backwards_out):
         emits[order[states + k]] = int(backwards)

@@ -3623,10 +3623,9 @@ void end_run(Program &program) {
     }
 }
 
-// Runs `body` on the program (the GIL released), turning what it throws into `error`.
+// Runs `body`, turning what it throws into `error` (`unsupported` where it is an Unsupported).
 template <typename Body>
-void guarded(std::string &error, bool &unsupported, Body body) {
-    Py_BEGIN_ALLOW_THREADS;
+void captured(std::string &error, bool &unsupported, Body body) {
     try {
         body();
     } catch (const Unsupported &e) {
@@ -3637,6 +3636,13 @@ void guarded(std::string &error, bool &unsupported, Body body) {
     } catch (const std::exception &e) {
         error = e.what();
     }
+}
+
+// Runs `body` on the program (the GIL released), turning what it throws into `error`.
+template <typename Body>
+void guarded(std::string &error, bool &unsupported, Body body) {
+    Py_BEGIN_ALLOW_THREADS;
+    captured(error, unsupported, body);
     Py_END_ALLOW_THREADS;
 }
 
@@ -3883,19 +3889,7 @@ PyObject *py_program_scans(PyObject *, PyObject *args) {
     guarded(error, unsupported, [&] {
         const lpt_parallel::Busy busy(true);
         lpt_parallel::run(std::max(1, threads), count, 1, [&](lpt_parallel::Chunks &chunks) {
-            for (int64_t j; chunks.next(j);) {
-                ScanJob &job = jobs[j];
-                try {
-                    run_scan(job);
-                } catch (const Unsupported &e) {
-                    job.error = e.what();
-                    job.unsupported = true;
-                } catch (const dnnl::error &e) {
-                    job.error = std::string("oneDNN: ") + e.what();
-                } catch (const std::exception &e) {
-                    job.error = e.what();
-                }
-            }
+            for (int64_t j; chunks.next(j);) captured(jobs[j].error, jobs[j].unsupported, [&] { run_scan(jobs[j]); });
         });
     });
     PyObject *all = error.empty() ? PyList_New(0) : nullptr;
