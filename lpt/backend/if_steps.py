@@ -24,13 +24,13 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from lpt.backend.fallback import region_inputs
 from lpt.backend.float_steps import BACKEND as FLOAT_BACKEND
 from lpt.backend.step import Step
 from lpt.errors import DataError
+from lpt.graph.branches import BRANCHES, branch_model
 from lpt.graph.constants import const_array
 from lpt.graph.ops import QUANTIZED_OPS, attribute
 
@@ -42,7 +42,7 @@ def try_if_step(node: ir.Node, opsets: dict[str, int], claimed: set[int], thread
     """(Step, [node]) for an If lpt runs (see the module doc), else None."""
     if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
         return None
-    branches = [node.attributes[name].value for name in ("then_branch", "else_branch") if name in node.attributes]
+    branches = [node.attributes[name].value for name in BRANCHES if name in node.attributes]
     if len(branches) != 2:
         return None
     condition = node.inputs[0]
@@ -58,7 +58,7 @@ def try_if_step(node: ir.Node, opsets: dict[str, int], claimed: set[int], thread
     from lpt.backend.plan import compile_model  # here: lpt.backend.plan imports this module
 
     try:
-        plans = [compile_model(_branch_model(branch, outer, opsets), threads=threads, native=native, emulate=emulate,
+        plans = [compile_model(branch_model(branch, outer, opsets), threads=threads, native=native, emulate=emulate,
                                inputs_from_lpt=made_by_lpt) for branch in branches]
     except Exception as why:  # noqa: BLE001 - whatever stops a branch compiling, onnxruntime runs the If as before
         logger.info("%s stays in onnxruntime: a branch does not compile (%s)", node.name, why)
@@ -85,21 +85,6 @@ def _call(plan, names: list[str]):
     return call
 
 
-def _branch_model(branch: ir.Graph, outer: list[ir.Value], opsets: dict[str, int]) -> ir.Model:
-    """A model of its own holding a copy of `branch`: the outer constants it may read as its initializers,
-    the other outer values as its inputs (every one, read by this branch or not)."""
-    graph = ir.serde.serialize_graph(branch)
-    for value in outer:
-        if value.const_value is not None:
-            graph.initializer.append(ir.serde.serialize_tensor(value.const_value))
-            graph.initializer[-1].name = value.name
-        else:
-            dims = None if value.shape is None else [d if isinstance(d, int) else None for d in value.shape]
-            graph.input.append(onnx.helper.make_tensor_value_info(value.name, value.dtype.value, dims))
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
-    return ir.serde.deserialize_model(proto)
-
-
 def try_squeeze_if_step(node: ir.Node, backend: str) -> tuple[Step, list[ir.Node]] | None:
     """(Step, [Shape, Gather, Equal, If]) for an If that squeezes axis d of x where it is 1 (see the module
     doc), whose condition only it reads; else None."""
@@ -123,7 +108,7 @@ def _squeeze_if(node: ir.Node) -> tuple[ir.Value, int, list[ir.Node]] | None:
     """(x, d, [Shape, Gather, Equal]) of If(Equal(Gather(Shape(x), d), 1), Squeeze(x, d), Identity(x)), else None."""
     if node.op_type != "If" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or not node.inputs:
         return None
-    branches = [node.attributes[name].value for name in ("then_branch", "else_branch") if name in node.attributes]
+    branches = [node.attributes[name].value for name in BRANCHES if name in node.attributes]
     if len(branches) != 2 or any(len([n for n in b if n.op_type != "Constant"]) != 1 for b in branches):
         return None
     (squeeze,), (identity,) = ([n for n in b if n.op_type != "Constant"] for b in branches)

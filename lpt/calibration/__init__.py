@@ -38,6 +38,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import NameFixPass
 
 from lpt.calibration.bias_correction import apply_shifts, bias_shifts, bias_targets
+from lpt.calibration.branches import calibrate_branches
 from lpt.calibration.config import (
     DEFAULT_ESTIMATOR,
     DEFAULT_OVERFLOW_FIX,
@@ -187,13 +188,20 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
         recurrent = quantize_scans(scans, statistics, config.activations, _recurrent_weights(config))
+    branches, branches_left = calibrate_branches(working, _working_copy(model), dataset, config, quiet=quiet,
+                                                 calibrate=calibrate)
     record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
-    left_f32 = list(placement.skipped) + recurrent_left
+    left_f32 = list(placement.skipped) + recurrent_left + branches_left
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]
+    tensors = [_describe(p, fq) for p, fq in fqs.items()]
+    for branch in branches:  # what each branch's own calibration did
+        tensors += branch.result.report.tensors
+        left_f32 += branch.result.report.left_f32
+        corrected += branch.result.report.bias_corrected
 
     report = CalibrationReport(
         preset=config.preset.value, estimator=config.estimator.value,
-        tensors=tuple(_describe(p, fq) for p, fq in fqs.items()), left_f32=tuple(left_f32),
+        tensors=tuple(tensors), left_f32=tuple(left_f32),
         samples=dataset.count, skipped_samples=dataset.skipped, bias_corrected=tuple(corrected),
         seconds=time.perf_counter() - start,
         overflow_fix=config.overflow_fix.value, narrowed=describe(calibrated, fqs, masks),
