@@ -26,7 +26,7 @@ from lpt.backend.float_steps import (BACKEND as FLOAT_BACKEND, frames_signals, r
 from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.scan_steps import scans_at_once, try_scan_step
-from lpt.backend.shape_steps import BACKEND as SHAPES, shape_steps
+from lpt.backend.shape_steps import BACKEND as SHAPES, Remembered, by_small_values, shape_steps
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
 from lpt.calibration.placement import spectral_power
@@ -218,8 +218,11 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             continue
         needed = {v.name for v in region_outputs(unit, graph_outputs)}
         runner = RegionRunner(unit, opsets, constants, needed, threads, alone=not int8_steps)
+        backend = runner.backend
+        if int8_steps and by_small_values(unit, [v for v in region_inputs(unit) if v.name not in constants]):
+            runner = Remembered(runner, by_value=True)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
-                          tuple(n.name for n in unit), tuple(n.op_type for n in unit), runner.backend))
+                          tuple(n.name for n in unit), tuple(n.op_type for n in unit), backend))
     run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps
     run_steps = scans_at_once(run_steps, threads)
     plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants, run_steps)
