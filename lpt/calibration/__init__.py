@@ -20,6 +20,8 @@ runs the steps in order, each usable on its own:
     fake_quantizes      insertion: ranges → FQ values;  insert puts them in the graph
     bias_shifts         bias_correction: the mean error the FQs introduce;  apply_shifts
                         moves it into the biases
+    calibrate_branches  branches (last): the layers inside an If's branches, each branch
+                        calibrated as a model of its own on the batches that take it
 
 Statistics and ranges are keyed by names, so the steps after the data pass can run again on a
 fresh copy of the model (fewer FQs, say) without calibrating again.
@@ -188,8 +190,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
         recurrent = quantize_scans(scans, statistics, config.activations, _recurrent_weights(config))
-    branches, branches_left = calibrate_branches(working, _working_copy(model), dataset, config, quiet=quiet,
-                                                 calibrate=calibrate)
+    branches, branches_left = calibrate_branches(working, _working_copy(model), dataset, config, calibrate=calibrate,
+                                                 quiet=quiet)
     record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
     left_f32 = list(placement.skipped) + recurrent_left + branches_left
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]

@@ -41,11 +41,12 @@ class CalibratedBranch:
     result: object  # the branch model's CalibrationResult
 
 
-def calibrate_branches(working: ir.Model, fp32: ir.Model, data: CalibrationData, config, *, quiet: bool = False,
-                       calibrate=None) -> tuple[list[CalibratedBranch], list[Skipped]]:
-    """Each If of `working`'s graph with layers in its branches gets its branches fake-quantized (in place),
-    calibrated on the batches of `data` that take them; `fp32` is the same model without FQs (the values
-    the branches read come from it). (branches calibrated, Ifs or branches left f32 with the reason)"""
+def calibrate_branches(working: ir.Model, fp32: ir.Model, data: CalibrationData, config, *, calibrate,
+                       quiet: bool = False) -> tuple[list[CalibratedBranch], list[Skipped]]:
+    """Each If of `working`'s graph with layers in its branches gets its branches fake-quantized (in place) by
+    `calibrate` (lpt.calibration.calibrate, which imports this module), on the batches of `data` that take
+    them; `fp32` is the same model without FQs, whose run gives the values the branches read (held in memory
+    for every batch: subset_size samples at most). (branches calibrated, Ifs or branches left f32 and why)"""
     ifs = [node for node in working.graph if _has_layers(node)]
     if not ifs:
         return [], []
