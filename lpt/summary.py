@@ -125,13 +125,14 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
     if plan is not None:
         fused = {name for step in plan.steps if step.backend == "int8 kernel" and len(step.nodes) > 1
                  for name in step.nodes}
+    nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))  # an If's branches' after it
     dequantize = set()
-    for node in model.graph:
+    for node in nodes:
         dq = Dequantization.of(node.outputs[0]) if node.op_type == "Mul" else None
         if dq is not None:
             dequantize.update(id(n) for n in dq.nodes)
     report = []
-    for node in model.graph:
+    for node in nodes:
         if node.op_type == "Constant":
             continue  # not an op that runs: a value
         name = node.name or node.op_type
@@ -157,4 +158,6 @@ def op_precisions(model: ir.Model, plan=None) -> list[OpPrecision]:
 def _default_reason(node: ir.Node) -> str:
     if node.op_type in QUANTIZABLE_OPS:
         return "inputs are not quantized"
+    if node.op_type == "If":
+        return "a choice of branch: their ops are listed after it"
     return f"no int8 form for {node.op_type}"
