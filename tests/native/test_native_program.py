@@ -165,6 +165,44 @@ def test_a_float_max_pool_is_lpts(window):
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float32])
+@pytest.mark.parametrize("window", [((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)), ((3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+                                    ((3, 3), (3, 3), (1, 1), (0, 0, 2, 2)), ((2, 2), (3, 3), (1, 1), (1, 1, 1, 1)),
+                                    ((3, 3), (2, 2), (2, 2), (2, 1, 0, 2)), ((2, 2), (1, 3), (2, 2), (1, 0, 1, 1)),
+                                    ((3, 2), (2, 2), (1, 2), (0, 1, 2, 1)), ((2, 4), (2, 3), (1, 1), (1, 3, 1, 3))])
+def test_a_strided_channels_last_max_pool_is_lpts(dtype, window):
+    """Channels-last with a stride > 1 along a row: each position's maxima over whole vectors of channels
+    (32 bytes, 16, 8), the last part of them the vector ending at the last channel, fewer than 8 bytes' one by
+    one; taps across 2, 3 or any, those at the edges in the padding. 8-bit through a 1×1 identity convolution,
+    their extremes among the values; float32 as the product of a convolution's ones and the values, NaNs (two
+    payloads), infinities and zeros of both signs among them."""
+    rng = np.random.default_rng(21)
+    kernel, strides, dilations, pads = window
+    for channels in (1, 3, 8, 17, 31, 32, 33, 64, 70):
+        shape = (2, channels, 11, 13)
+        if dtype == np.float32:
+            x = rng.integers(-3, 4, shape).astype(np.float32)  # ties
+            special = np.float32([np.inf, -np.inf, 0.0, -0.0, np.uint32(0x7FC00001).view(np.float32),
+                                  np.uint32(0xFFC00002).view(np.float32)])
+            x.reshape(-1)[rng.integers(0, x.size, x.size // 4)] = special[rng.integers(0, len(special), x.size // 4)]
+            ones = lpt.native.Conv(np.eye(channels, dtype=np.int8).reshape(channels, channels, 1, 1), src_zero_point=0,
+                                   multiplier=np.float32(1.0))
+            program = Program([("layer", ["q"], "c", ones.instruction[1]), ("binary", ["c", "x"], "f", "mul"),
+                               ("max_pool", ["f"], "y", window)], ["q", "x"], ["y", "f"], threads=2)
+            y, f = program(np.ones(shape, np.uint8), x)
+            assert same_bits(f, x)
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+            x.reshape(-1)[rng.integers(0, x.size, x.size // 4)] = rng.choice(np.array([info.min, info.max, 0], dtype),
+                                                                             x.size // 4)
+            identity = lpt.native.Conv(np.eye(channels, dtype=np.int8).reshape(channels, channels, 1, 1),
+                                       src_zero_point=0, multiplier=np.float32(1.0), dst_scale=1.0, dst_dtype=dtype)
+            [y] = Program([("layer", ["x"], "q", identity.instruction[1]), ("max_pool", ["q"], "y", window)], ["x"],
+                          ["y"], threads=2)(x)
+        assert same_bits(y, max_pool_q(x, kernel, strides, pads, dilations)), channels
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float32])
 @pytest.mark.parametrize("pads, fill", [((0, 0, 1, 0, 0, 0, 1, 0), 0.0), ((0, 2, 0, 3, 0, 1, 4, 0), 7.0),
                                          ((1, 0, 0, 0, 0, 0, 0, 2), -3.0), ((0, 1, 0, 0, 0, 2, 0, 0), 5.0),
                                          ((0,) * 8, 1.0)])
