@@ -43,7 +43,9 @@ def fuse(steps: list[Step], plan_outputs: list[str], threads: int) -> list[Step]
                 first = index
             run.append(step)
             continue
-        if len(run) >= 2 or (run and run[0].native[0] in _ON_ITS_OWN):
+        # identities alone pass their arrays on in Python: a program of silero_vad's two output Identities cost
+        # 9 µs a run, a call into the engine for nothing
+        if any(part.native[0] != "identity" for part in run) and (len(run) >= 2 or run[0].native[0] in _ON_ITS_OWN):
             made = {name for part in run for name in part.outputs}
             inputs = list(dict.fromkeys(name for part in run for name in part.inputs if name not in made))
             needed = [name for part in run for name in part.outputs

@@ -121,4 +121,4 @@ def test_the_condition_on_a_fixed_scalar_input_is_computed_once_per_value():
     assert isinstance(equal.run, Remembered) and equal.run.by_value
     runs = [plan.run(samples(rate, 2, x="h"))["y"] for rate in (16000, 16000, 8000, 16000)]
     assert equal.run.computed == 2 and all(r.shape == (2, 4, 16) for r in runs)
-    assert [bool(v[0]) for v in equal.run.results.values()] == [False, True]  # 8000 then 16000, last used
+    assert [bool(v[0]) for v in equal.run.results.values()] == [True, False]  # 16000, then 8000
