@@ -73,7 +73,7 @@ def try_if_step(node: ir.Node, opsets: dict[str, int], claimed: set[int], thread
         return calls[0 if bool(cond.reshape(-1)[0]) else 1](values)
 
     step = Step(run, (condition.name, *names), tuple(v.name for v in node.outputs), (node.name,), (node.op_type,),
-                "int8 kernel" if integer_ops else FLOAT_BACKEND)
+                "int8 kernel" if integer_ops else FLOAT_BACKEND, plans=tuple(plans))
     return step, [node]
 
 

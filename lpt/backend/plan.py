@@ -91,11 +91,16 @@ class Plan:
 
     def engine_counts(self) -> Counter:
         """How many int8 layers (convolutions, matmuls) each engine computes, as the last run computed
-        them (an s16 convolution by Winograd or not, which depends on the source's shape)."""
+        them (an s16 convolution by Winograd or not, which depends on the source's shape); an If's
+        branches' layers too, each branch's."""
         from lpt.native import layer_engine
 
-        return Counter(layer_engine(step.engine, step.native) for step in self.steps
-                       if step.layer is not None or step.op_types[0] in _PRODUCTS)
+        counts = Counter(layer_engine(step.engine, step.native) for step in self.steps
+                         if step.layer is not None or step.op_types[0] in _PRODUCTS)
+        for step in self.steps:
+            for branch in step.plans:
+                counts += branch.engine_counts()
+        return counts
 
     def fallback_ops(self) -> Counter:
         return Counter(op for s in self.steps if s.backend != "int8 kernel" for op in s.op_types)

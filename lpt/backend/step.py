@@ -106,4 +106,5 @@ class Step:
     # The step as an instruction of lpt.native's programs, (kind, parameters), where it can be one;
     # consecutive such steps run as one native call (lpt.backend.native_program).
     native: tuple | None = None
+    plans: tuple = ()  # an If's branches, each a plan of its own (lpt.backend.if_steps)
 

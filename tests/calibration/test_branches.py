@@ -86,6 +86,7 @@ def test_the_fake_quantized_model_runs_in_onnxruntime_and_on_lpt_close_to_fp32_f
     plan = lpt.compile_model(int8_model, threads=1)
     [step] = [s for s in plan.steps if s.op_types == ("If",)]
     assert step.backend == "int8 kernel"  # the calibrated branch holds integer ops: lpt's plan runs it
+    assert sum(plan.engine_counts().values()) == 2  # conv1 and conv2, in the branch's plan
     for rate in (16000, 8000):
         feeds = samples(rate, 4)
         expected = fp32_session.run(None, feeds)[0]
