@@ -190,8 +190,8 @@ def calibrate(model: ir.Model | str | os.PathLike, data, *, preset: Preset | str
         calibrated = fake_quantizes(placement, ranges, config.activations, config.weights)
         fqs, corrected = _apply(working, placement, narrow(calibrated, masks), statistics, config)
         recurrent = quantize_scans(scans, statistics, config.activations, _recurrent_weights(config))
-    branches, branches_left = calibrate_branches(working, _working_copy(model), dataset, config, calibrate=calibrate,
-                                                 quiet=quiet)
+    branches, branches_left = calibrate_branches(working, lambda: _working_copy(model), dataset, config,
+                                                 calibrate=calibrate, quiet=quiet)
     record_preprocess(working, data)  # a folder's preprocessing, so the FQ model is evaluated the same way
     left_f32 = list(placement.skipped) + recurrent_left + branches_left
     left_f32 += [Skipped(p.name, "tensor", "no finite statistics") for p in placement.activations if p not in fqs]

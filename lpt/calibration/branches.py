@@ -41,15 +41,17 @@ class CalibratedBranch:
     result: object  # the branch model's CalibrationResult
 
 
-def calibrate_branches(working: ir.Model, fp32: ir.Model, data: CalibrationData, config, *, calibrate,
+def calibrate_branches(working: ir.Model, fp32_copy, data: CalibrationData, config, *, calibrate,
                        quiet: bool = False) -> tuple[list[CalibratedBranch], list[Skipped]]:
     """Each If of `working`'s graph with layers in its branches gets its branches fake-quantized (in place) by
     `calibrate` (lpt.calibration.calibrate, which imports this module), on the batches of `data` that take
-    them; `fp32` is the same model without FQs, whose run gives the values the branches read (held in memory
-    for every batch: subset_size samples at most). (branches calibrated, Ifs or branches left f32 and why)"""
+    them; `fp32_copy()` gives the same model without FQs, whose run gives the values the branches read (held
+    in memory for every batch: subset_size samples at most), made only where such an If is.
+    (branches calibrated, Ifs or branches left f32 and why)"""
     ifs = [node for node in working.graph if _has_layers(node)]
     if not ifs:
         return [], []
+    fp32 = fp32_copy()
     fp32_nodes = {node.name: node for node in fp32.graph}
     calibrated, left = [], []
     for node in ifs:
