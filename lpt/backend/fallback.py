@@ -142,7 +142,7 @@ class RegionRunner:
         return self._run(dict(zip(self.input_names, arrays)))
 
     def _build(self, dtypes: list[ir.DataType]) -> None:
-        proto = self._model(self.nodes, dtypes, self.output_names)
+        proto = self.model_proto(dtypes)
         try:
             session = _session(proto, self.threads, self.alone, self.spin_while_running)
         except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: split the region
@@ -187,6 +187,10 @@ class RegionRunner:
             return [env[name] for name in self.output_names]
 
         self._run = run
+
+    def model_proto(self, dtypes: list[ir.DataType]) -> onnx.ModelProto:
+        """The region as a model of its own, its inputs of these element types and of any shape."""
+        return self._model(self.nodes, dtypes, self.output_names)
 
     def _model(self, nodes: list[ir.Node], dtypes: list[ir.DataType], outputs: list[str]) -> onnx.ModelProto:
         inputs = [helper.make_tensor_value_info(name, int(dtype), None)  # no shapes: any batch size runs

@@ -44,7 +44,8 @@ the same bits:
     Pow(x, 2), Sqrt              x·x, numpy's sqrt                "binary" mul of x and x, "sqrt"
     Log                          lpt.numerics.exp.log             "log"
     Gather (a constant table)    numpy's take                     "gather"
-    MatMul (constant [k, n])     kernels.dense                    "dense" (try_spectrum_step: of a power spectrum)
+    MatMul (constant [k, n])     kernels.dense                    "dense" (try_spectrum_step: of a power spectrum;
+                                                                    in a specialized region, of FEW_ROWS rows)
     Conv ([N, C, L])             kernels.convolution_1d           "dense" of the frames (try_spectrum_step)
     MaxPool                      kernels.max_pool_q               "max_pool" (2-D; −inf padding)
     Pad (constant)               numpy's pad                      "pad" (int8_steps.pad_step)
@@ -61,6 +62,8 @@ differ (kernels.float_ops says where). A plan with dynamic quantization takes no
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -91,12 +94,20 @@ def _float_step(run, inputs, node, native) -> tuple:
 # run time, one such step at the range's end moves every value's level: measured on ddddocr_common_old_dynq
 # (already quantized that way), lpt's Sigmoid took its output from onnxruntime's bits to 39.5 dB of them.
 OWN_FLOAT_RESULTS = ("GlobalAveragePool", "AveragePool", "ReduceMean", "Sigmoid", "Tanh", "Erf", "Softmax",
-                     "LayerNormalization", "BatchNormalization", "ReduceSum", "Log")
+                     "LayerNormalization", "BatchNormalization", "ReduceSum", "Log", "MatMul")
+
+# In a region specialized to its inputs' shapes (lpt.backend.specialized_regions), a float32 MatMul by constant
+# weights of at most FEW_ROWS rows and DENSE_WEIGHTS weights is lpt's: an unrolled LSTM cell's (lpt.graph.lstm_cell).
+# onnxruntime's GEMM is faster on large products (try_spectrum_step), but on a row its session call costs more
+# than the sums: silero_vad's cell, 1 × 256 by 256 × 512, was the one onnxruntime op left between two native
+# programs. Elsewhere such MatMuls keep onnxruntime's bits.
+FEW_ROWS, DENSE_WEIGHTS = 16, 1 << 20
 
 
-def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
+def try_float_step(node: ir.Node, own_results: bool = True, small_products: bool = False) -> tuple | None:
     """The step for a float32 op between int8 layers (the table above), or None where lpt does not take it.
-    Without `own_results`, only ops that give onnxruntime's bits (not OWN_FLOAT_RESULTS)."""
+    Without `own_results`, only ops that give onnxruntime's bits (not OWN_FLOAT_RESULTS); with `small_products`,
+    the small MatMuls FEW_ROWS says."""
     if not own_results and node.op_type in OWN_FLOAT_RESULTS:
         return None
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and (lookup := _lookup(node)) is not None:
@@ -136,6 +147,10 @@ def try_float_step(node: ir.Node, own_results: bool = True) -> tuple | None:
     if node.op_type == "HardSigmoid":
         alpha, beta = float(np.float32(attribute(node, "alpha", 0.2))), float(np.float32(attribute(node, "beta", 0.5)))
         return _float_step(lambda a: [kernels.hard_sigmoid(a, alpha, beta)], [x], node, ("hard_sigmoid", (alpha, beta)))
+    if small_products and node.op_type == "MatMul" and x.shape is not None and x.shape.is_static() and \
+            len(x.shape) >= 2 and math.prod(x.shape[:-1]) <= FEW_ROWS and \
+            (weights := const_array(node.inputs[1])) is not None and weights.size <= DENSE_WEIGHTS:
+        return _dense(node)
     if node.op_type == "Sigmoid":
         return _float_step(lambda a: [sigmoid(a)], [x], node, ("sigmoid", None))
     if node.op_type == "Tanh":

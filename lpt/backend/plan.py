@@ -27,6 +27,7 @@ from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_ste
 from lpt.backend.onnx_int8_steps import try_onnx_int8_step
 from lpt.backend.scan_steps import scans_at_once, try_scan_step
 from lpt.backend.shape_steps import BACKEND as SHAPES, Remembered, by_small_values, shape_steps
+from lpt.backend.specialized_regions import SpecializedRegion
 from lpt.backend.step import Step
 from lpt.backend.emulation import EMULATIONS, Emulation
 from lpt.calibration.placement import spectral_power
@@ -119,7 +120,8 @@ def _typed(model: ir.Model) -> ir.Model:
 
 
 def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
-                  emulate: str | Emulation | None = None, inputs_from_lpt: bool = False) -> Plan:
+                  emulate: str | Emulation | None = None, inputs_from_lpt: bool = False,
+                  small_products: bool = False) -> Plan:
     """Resolve every node of `model` to a step: fused int8 chains on lpt's kernels, f32 regions on onnxruntime.
 
     `threads` is the thread count of the integer GEMM and of the onnxruntime sessions (0: one per core).
@@ -129,8 +131,10 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
     VNNI do, int16 pair saturation included (lpt.backend.emulation); such steps' `run.statistics`
     says what saturated.
 
-    `inputs_from_lpt`: the model is an If's branch (lpt.backend.if_steps), whose inputs lpt's steps make, so
-    the float32 ops that read them are taken as those between int8 steps are.
+    `inputs_from_lpt`: the model is an If's branch (lpt.backend.if_steps) or a specialized region
+    (lpt.backend.specialized_regions), whose inputs lpt's steps make, so the float32 ops that read them are taken
+    as those between int8 steps are. `small_products`: float32 MatMuls of a few rows are lpt's too
+    (float_steps.FEW_ROWS, for a specialized region).
 
     Joins (an Add or Concat of dequantized branches) are matched first, since they reach back
     over both branches; then every other node in order, and the float32 ops between int8 steps
@@ -181,7 +185,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
                               or reads_model_input_from_a_table(node, constants)
                               or (frames_signals(node, spectrum) and _reads_no_f32_region(node, claimed))):
             if not _joins_other_axes(node) or _reads_no_f32_region(node, claimed):
-                fused = try_float_step(node, own_results)
+                fused = try_float_step(node, own_results, small_products)
         if fused is not None and not any(id(n) in claimed for n in fused[1]):
             claim(*fused)
             if len(fused[1]) > 1:  # a step may take nodes before its own (a squeezing If its condition)
@@ -197,13 +201,13 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         for node in [n for n in f32_nodes if id(n) not in claimed]:
             if _reads_no_f32_region(node, claimed) and _between_int8_steps(node, claimed, constants, own_results,
                                                                            inputs_from_lpt):
-                fused = try_float_step(node, own_results)
+                fused = try_float_step(node, own_results, small_products)
                 if fused is not None and not any(id(n) in claimed for n in fused[1]):
                     claim(*fused)
         native_nodes = {id(n) for step, nodes in int8_steps if step.native is not None for n in nodes}
         for node in reversed([n for n in f32_nodes if id(n) not in claimed]):  # a reader before its source
             if _ends_a_region(node, native_nodes):
-                fused = try_float_step(node, own_results)
+                fused = try_float_step(node, own_results, small_products)
                 if fused is not None and fused[0].native is not None and not any(id(n) in claimed for n in fused[1]):
                     claim(*fused)
                     native_nodes.update(id(n) for n in fused[1])
@@ -226,6 +230,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         backend = runner.backend
         if int8_steps and by_small_values(unit, [v for v in region_inputs(unit) if v.name not in constants]):
             runner = Remembered(runner, by_value=True)
+        elif int8_steps and native and emulate is None and own_results and any(n.op_type == "If" for n in unit):
+            runner = SpecializedRegion(runner, threads)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), backend))
     run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps

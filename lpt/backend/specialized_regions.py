@@ -1,0 +1,78 @@
+"""An onnxruntime region whose Ifs its inputs' shapes decide, compiled for each set of shapes it meets.
+
+silero_vad's decoder region (its LSTM cell inside If(state.shape[1] != 0, …), Ifs on its input's rank within)
+took 100-112 µs a run in onnxruntime, 55 of them onnxruntime's LSTM op alone, for a few µs of arithmetic. For
+the shapes of one run lpt.graph.specialize computes what they decide and inlines the branches taken, the LSTM
+is written as its cells' ops (lpt.graph.lstm_cell), and the straight line left compiles into a plan of lpt's
+steps, native where they can be. Each set of input shapes is compiled once, at its first run (a few tens of
+ms); a region that does not come out free of Ifs, or whose plan holds no step of lpt's, runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt.backend.fallback import RegionRunner
+from lpt.graph.lstm_cell import unroll_lstms
+from lpt.graph.specialize import specialize
+
+if TYPE_CHECKING:
+    from lpt.backend.plan import Plan
+
+logger = logging.getLogger(__name__)
+
+SPECIALIZED = 8  # sets of input shapes remembered per region; the oldest is forgotten first
+
+
+class SpecializedRegion:
+    """`runner`'s region, run by a plan compiled for its inputs' shapes (see the module doc). `plans` holds, per
+    set of shapes, the plan or, where none came out better, the runner."""
+
+    def __init__(self, runner: RegionRunner, threads: int):
+        self.runner, self.threads = runner, threads
+        self.input_names, self.output_names = runner.input_names, runner.output_names
+        self.plans: OrderedDict[tuple, Plan | RegionRunner] = OrderedDict()
+        self.shapes_decide = True  # False once an If stays for some shapes: its condition reads values
+        self.lock = threading.Lock()
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        arrays = [np.asarray(a) for a in arrays]
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        plan = self.plans.get(key)
+        if plan is None:
+            if not self.shapes_decide:
+                return self.runner(*arrays)
+            plan = self._compile(arrays)
+            with self.lock:
+                self.plans[key] = plan
+                if len(self.plans) > SPECIALIZED:
+                    self.plans.popitem(last=False)
+        if plan is self.runner:
+            return self.runner(*arrays)
+        results = plan.run(dict(zip(self.input_names, arrays)))
+        return [results[name] for name in self.output_names]
+
+    def _compile(self, arrays: list[np.ndarray]) -> Plan | RegionRunner:
+        from lpt.backend.plan import compile_model  # here: lpt.backend.plan imports this module
+
+        proto = self.runner.model_proto([ir.DataType.from_numpy(a.dtype) for a in arrays])
+        specialized = specialize(proto, {name: a.shape for name, a in zip(self.input_names, arrays)})
+        if specialized is None or any(node.op_type == "If" for node in specialized.graph.node):
+            self.shapes_decide = False
+            return self.runner
+        specialized, _ = unroll_lstms(specialized)
+        try:
+            plan = compile_model(ir.serde.deserialize_model(specialized), threads=self.threads, inputs_from_lpt=True,
+                                 small_products=True)
+        except Exception as why:  # noqa: BLE001 - whatever stops it compiling, the region runs as before
+            logger.info("a region for shapes %s runs as a whole: %s", [a.shape for a in arrays], why)
+            return self.runner
+        if all(step.backend == "onnxruntime" for step in plan.steps):
+            return self.runner  # no step of lpt's: the Ifs gone, but the session call stays
+        return plan
