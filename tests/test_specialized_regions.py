@@ -82,7 +82,8 @@ def test_the_lstm_cell_in_a_branch_the_batch_decides_runs_on_lpts_native_steps()
         # the cell's sums in lpt's order (kernels.dense), its Sigmoid and Tanh lpt's: a few float32 steps apart
         np.testing.assert_allclose(plan.run(feeds)["next_state"], whole.run(feeds)["next_state"], rtol=1e-5, atol=1e-6)
     assert len(region.run.plans) == 2  # one plan per set of shapes, compiled at its first run
-    for specialized in region.run.plans.values():
+    for specialized, ran_on in region.run.plans.values():
+        assert ran_on == "lpt float32"
         assert {s.backend for s in specialized.steps} == {"lpt float32"}  # no onnxruntime step: no LSTM, no If
         assert len(specialized.run_steps) == 1  # one native program
         assert "Sigmoid" in specialized.run_steps[0].op_types
@@ -95,5 +96,7 @@ def test_a_region_whose_if_the_values_decide_runs_as_before():
         feeds = _feeds(batch)
         feeds["state"] = sign * np.abs(feeds["state"])
         assert np.array_equal(plan.run(feeds)["next_state"], whole.run(feeds)["next_state"])
-    # the first shapes left the If: no shapes are tried again
-    assert not region.run.shapes_decide and list(region.run.plans.values()) == [region.run.runner]
+    # the first shapes left the If: the next ones are not tried
+    assert not region.run.shapes_decide
+    assert [plan for plan, _ in region.run.plans.values()] == [region.run.runner] * 2
+    assert plan.backend_counts()["onnxruntime"] >= 3  # the If and its condition's nodes

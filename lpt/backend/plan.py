@@ -87,7 +87,8 @@ class Plan:
         """How many nodes ran on each backend: the int8/f32 split a run reports."""
         counts = Counter()
         for step in self.steps:
-            counts[step.backend] += len(step.nodes)
+            # a specialized region says what ran it last: lpt's plan for the shapes, or onnxruntime
+            counts[getattr(step.run, "ran_on", step.backend)] += len(step.nodes)
         return counts
 
     def engine_counts(self) -> Counter:

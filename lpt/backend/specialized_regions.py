@@ -32,47 +32,49 @@ SPECIALIZED = 8  # sets of input shapes remembered per region; the oldest is for
 
 class SpecializedRegion:
     """`runner`'s region, run by a plan compiled for its inputs' shapes (see the module doc). `plans` holds, per
-    set of shapes, the plan or, where none came out better, the runner."""
+    set of shapes, the plan or, where none came out better, the runner; and what runs it, as reports name it."""
 
     def __init__(self, runner: RegionRunner, threads: int):
         self.runner, self.threads = runner, threads
         self.input_names, self.output_names = runner.input_names, runner.output_names
-        self.plans: OrderedDict[tuple, Plan | RegionRunner] = OrderedDict()
+        self.plans: OrderedDict[tuple, tuple[Plan | RegionRunner, str]] = OrderedDict()
         self.shapes_decide = True  # False once an If stays for some shapes: its condition reads values
+        self.ran_on = runner.backend  # the last run's backends, as Plan.backend_counts reports them
         self.lock = threading.Lock()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         arrays = [np.asarray(a) for a in arrays]
         key = tuple((a.shape, a.dtype.str) for a in arrays)
-        plan = self.plans.get(key)
-        if plan is None:
-            if not self.shapes_decide:
-                return self.runner(*arrays)
-            plan = self._compile(arrays)
+        found = self.plans.get(key)
+        if found is None:
+            found = self._compile(arrays) if self.shapes_decide else (self.runner, self.runner.backend)
             with self.lock:
-                self.plans[key] = plan
+                self.plans[key] = found
                 if len(self.plans) > SPECIALIZED:
                     self.plans.popitem(last=False)
+        plan, self.ran_on = found
         if plan is self.runner:
             return self.runner(*arrays)
         results = plan.run(dict(zip(self.input_names, arrays)))
         return [results[name] for name in self.output_names]
 
-    def _compile(self, arrays: list[np.ndarray]) -> Plan | RegionRunner:
+    def _compile(self, arrays: list[np.ndarray]) -> tuple[Plan | RegionRunner, str]:
         from lpt.backend.plan import compile_model  # here: lpt.backend.plan imports this module
 
+        as_before = (self.runner, self.runner.backend)
         proto = self.runner.model_proto([ir.DataType.from_numpy(a.dtype) for a in arrays])
         specialized = specialize(proto, {name: a.shape for name, a in zip(self.input_names, arrays)})
         if specialized is None or any(node.op_type == "If" for node in specialized.graph.node):
             self.shapes_decide = False
-            return self.runner
+            return as_before
         specialized, _ = unroll_lstms(specialized)
         try:
             plan = compile_model(ir.serde.deserialize_model(specialized), threads=self.threads, inputs_from_lpt=True,
                                  small_products=True)
         except Exception as why:  # noqa: BLE001 - whatever stops it compiling, the region runs as before
             logger.info("a region for shapes %s runs as a whole: %s", [a.shape for a in arrays], why)
-            return self.runner
-        if all(step.backend == "onnxruntime" for step in plan.steps):
-            return self.runner  # no step of lpt's: the Ifs gone, but the session call stays
-        return plan
+            return as_before
+        backends = {step.backend for step in plan.steps}
+        if backends == {"onnxruntime"}:
+            return as_before  # no step of lpt's: the Ifs gone, but the session call stays
+        return plan, " + ".join(sorted(backends))
