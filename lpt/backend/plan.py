@@ -35,7 +35,7 @@ from lpt.errors import DataError, LptError, ModelError
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
 from lpt.limits import bounded_threads
-from lpt.native import workers_held
+from lpt.native import available as native_engine_available, workers_held
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +231,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         backend = runner.backend
         if int8_steps and by_small_values(unit, [v for v in region_inputs(unit) if v.name not in constants]):
             runner = Remembered(runner, by_value=True)
-        elif int8_steps and native and emulate is None and own_results and any(n.op_type == "If" for n in unit):
+        elif (int8_steps and native and native_engine_available() and emulate is None and own_results
+              and any(n.op_type == "If" for n in unit)):  # (the NumPy forms of its float32 steps are slow)
             runner = SpecializedRegion(runner, threads)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), backend))
