@@ -11,6 +11,7 @@ import lpt
 import lpt.backend.plan as plan_module
 import lpt.native
 from lpt.backend.plan import compile_model
+from lpt.backend import specialized_regions
 from lpt.backend.specialized_regions import SpecializedRegion
 from tests.transformations.builders import Graph
 
@@ -99,5 +100,19 @@ def test_a_region_whose_if_the_values_decide_runs_as_before():
         assert np.array_equal(plan.run(feeds)["next_state"], whole.run(feeds)["next_state"])
     # the first shapes left the If: the next ones are not tried
     assert not region.run.shapes_decide
-    assert [plan for plan, _ in region.run.plans.values()] == [region.run.runner] * 2
+    assert [plan for plan, _ in region.run.plans.values()] == [region.run.runner]
     assert plan.backend_counts()["onnxruntime"] >= 3  # the If and its condition's nodes
+
+
+@pytest.mark.skipif(not lpt.native.available(), reason="specialized regions need the native engine (LPT_ONEDNN=off)")
+def test_past_its_sets_of_shapes_a_region_runs_as_it_is(monkeypatch):
+    """A region fed ever new shapes would compile at every run: past SPECIALIZED sets, new ones run as before."""
+    monkeypatch.setattr(specialized_regions, "SPECIALIZED", 2)
+    plan, whole = _plans(recurrent_decoder())
+    [region] = [s for s in plan.steps if isinstance(s.run, SpecializedRegion)]
+    for batch in (1, 2, 3, 4, 2):
+        feeds = _feeds(batch)
+        np.testing.assert_allclose(plan.run(feeds)["next_state"], whole.run(feeds)["next_state"], rtol=1e-5, atol=1e-6)
+        assert region.run.ran_on == ("onnxruntime" if batch > 2 else "lpt float32")
+        assert plan.backend_counts()["onnxruntime"] == (len(region.nodes) if batch > 2 else 0)
+    assert sorted(shapes[0][0] for shapes in region.run.plans) == [(2, 1, HIDDEN), (2, 2, HIDDEN)]  # the states'

@@ -5,14 +5,13 @@ took 100-112 µs a run in onnxruntime, 55 of them onnxruntime's LSTM op alone, f
 the shapes of one run lpt.graph.specialize computes what they decide and inlines the branches taken, the LSTM
 is written as its cells' ops (lpt.graph.lstm_cell), and the straight line left compiles into a plan of lpt's
 steps, native where they can be. Each set of input shapes is compiled once, at its first run (a few tens of
-ms); a region that does not come out free of Ifs, or whose plan holds no step of lpt's, runs as before.
+ms), up to SPECIALIZED sets; a region that does not come out free of Ifs, or whose plan holds no step of lpt's,
+runs as before.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +26,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SPECIALIZED = 8  # sets of input shapes remembered per region; the oldest is forgotten first
+# Sets of input shapes compiled per region. Past them, new shapes run the region as it is: a region fed ever new
+# shapes (a variable length) would otherwise pay a compilation (tens of ms) at almost every run.
+SPECIALIZED = 8
 
 
 class SpecializedRegion:
@@ -37,21 +38,20 @@ class SpecializedRegion:
     def __init__(self, runner: RegionRunner, threads: int):
         self.runner, self.threads = runner, threads
         self.input_names, self.output_names = runner.input_names, runner.output_names
-        self.plans: OrderedDict[tuple, tuple[Plan | RegionRunner, str]] = OrderedDict()
+        self.plans: dict[tuple, tuple[Plan | RegionRunner, str]] = {}
         self.shapes_decide = True  # False once an If stays for some shapes: its condition reads values
         self.ran_on = runner.backend  # the last run's backends, as Plan.backend_counts reports them
-        self.lock = threading.Lock()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         arrays = [np.asarray(a) for a in arrays]
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         found = self.plans.get(key)
         if found is None:
-            found = self._compile(arrays) if self.shapes_decide else (self.runner, self.runner.backend)
-            with self.lock:
-                self.plans[key] = found
-                if len(self.plans) > SPECIALIZED:
-                    self.plans.popitem(last=False)
+            if not self.shapes_decide or len(self.plans) >= SPECIALIZED:
+                self.ran_on = self.runner.backend
+                return self.runner(*arrays)
+            # (plans may run in several threads at once: two may compile the same shapes, one of them kept)
+            found = self.plans[key] = self._compile(arrays)
         plan, self.ran_on = found
         if plan is self.runner:
             return self.runner(*arrays)
