@@ -44,10 +44,9 @@ def specialize(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]])
             shape.SetInParent()  # a scalar's: present, with no dimensions
             for dim in input_shapes[value.name]:
                 shape.dim.add().dim_value = int(dim)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     try:
         for _ in range(MAX_ROUNDS):
-            if not _fold_round(model, opset):
+            if not _fold_round(model):
                 break
     except Exception as why:  # noqa: BLE001 - a model this cannot read stays as it is
         logger.info("the region is not specialized: %s", str(why).splitlines()[0] if str(why) else type(why).__name__)
@@ -58,7 +57,7 @@ def specialize(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]])
     return model
 
 
-def _fold_round(model: onnx.ModelProto, opset: int) -> bool:
+def _fold_round(model: onnx.ModelProto) -> bool:
     """One round (see the module doc); whether it changed the graph."""
     graph = model.graph
     del graph.value_info[:]  # the last round's, some of them for values folded since
@@ -66,7 +65,7 @@ def _fold_round(model: onnx.ModelProto, opset: int) -> bool:
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     changed, nodes = False, []
     for index, node in enumerate(graph.node):
-        values = _node_values(node, constants, shapes, opset, model)
+        values = _node_values(node, constants, shapes, model)
         if values is not None:
             for name, array in zip(node.output, values):
                 if name:
@@ -86,12 +85,12 @@ def _fold_round(model: onnx.ModelProto, opset: int) -> bool:
     return changed
 
 
-def _node_values(node: onnx.NodeProto, constants: dict, shapes: dict, opset: int,
+def _node_values(node: onnx.NodeProto, constants: dict, shapes: dict,
                  model: onnx.ModelProto) -> list[np.ndarray] | None:
-    """The node's outputs where the shapes or its constant inputs give them, else None."""
-    if node.domain not in ("", "ai.onnx") or node.op_type in _RANDOM_OPS or node.op_type == "If":
-        return None
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+    """The node's outputs where the shapes or its constant inputs give them, else None (an If among them:
+    _fold_round inlines it instead)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in _RANDOM_OPS or \
+            any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
     if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
         shape = shapes[node.input[0]]
@@ -130,13 +129,9 @@ def _names_defined(graph: onnx.GraphProto, leaving_out: int = -1) -> set[str]:
     """The names a graph gives values, its subgraphs' included (but the subgraphs of node `leaving_out`)."""
     names = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     for index, node in enumerate(graph.node):
-        if index == leaving_out:
-            names.update(n for n in node.output if n)
-            continue
         names.update(n for n in node.output if n)
-        for attribute in node.attribute:
-            for subgraph in _subgraphs(attribute):
-                names |= _names_defined(subgraph)
+        for subgraph in [] if index == leaving_out else [g for a in node.attribute for g in _subgraphs(a)]:
+            names |= _names_defined(subgraph)
     return names
 
 
