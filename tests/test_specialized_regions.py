@@ -16,6 +16,9 @@ from lpt.backend.specialized_regions import SpecializedRegion
 from tests.transformations.builders import Graph
 
 HIDDEN, FEATURES = 16, 12
+# Without the engine (not built, or LPT_ONEDNN=off) plans make no specialized regions: the last test checks that.
+needs_the_engine = pytest.mark.skipif(not lpt.native.available(), reason="lpt's native engine is not available: "
+                                      "plans make no specialized regions without it")
 RNG = np.random.default_rng(5)
 
 
@@ -75,7 +78,7 @@ def _feeds(batch):
             "state": RNG.normal(0, 0.5, (2, batch, HIDDEN)).astype(np.float32)}
 
 
-@pytest.mark.skipif(not lpt.native.available(), reason="specialized regions need the native engine (LPT_ONEDNN=off)")
+@needs_the_engine
 def test_the_lstm_cell_in_a_branch_the_batch_decides_runs_on_lpts_native_steps():
     plan, whole = _plans(recurrent_decoder())
     [region] = [s for s in plan.steps if isinstance(s.run, SpecializedRegion)]
@@ -90,7 +93,7 @@ def test_the_lstm_cell_in_a_branch_the_batch_decides_runs_on_lpts_native_steps()
         assert len(specialized.run_steps) == 1 and "Sigmoid" in specialized.run_steps[0].op_types  # one native program
 
 
-@pytest.mark.skipif(not lpt.native.available(), reason="specialized regions need the native engine (LPT_ONEDNN=off)")
+@needs_the_engine
 def test_a_region_whose_if_the_values_decide_runs_as_before():
     plan, whole = _plans(recurrent_decoder(condition="values"))
     [region] = [s for s in plan.steps if isinstance(s.run, SpecializedRegion)]
@@ -104,7 +107,7 @@ def test_a_region_whose_if_the_values_decide_runs_as_before():
     assert plan.backend_counts()["onnxruntime"] >= 3  # the If and its condition's nodes
 
 
-@pytest.mark.skipif(not lpt.native.available(), reason="specialized regions need the native engine (LPT_ONEDNN=off)")
+@needs_the_engine
 def test_past_its_sets_of_shapes_a_region_runs_as_it_is(monkeypatch):
     """A region fed ever new shapes would compile at every run: past SPECIALIZED sets, new ones run as before."""
     monkeypatch.setattr(specialized_regions, "SPECIALIZED", 2)
@@ -116,3 +119,14 @@ def test_past_its_sets_of_shapes_a_region_runs_as_it_is(monkeypatch):
         assert region.run.ran_on == ("onnxruntime" if batch > 2 else "lpt float32")
         assert plan.backend_counts()["onnxruntime"] == (len(region.nodes) if batch > 2 else 0)
     assert sorted(shapes[0][0] for shapes in region.run.plans) == [(2, 1, HIDDEN), (2, 2, HIDDEN)]  # the states'
+
+
+def test_without_the_native_engine_no_region_is_specialized(monkeypatch):
+    """The NumPy forms of a specialized plan's float32 steps (lpt's exp for its Sigmoid and Tanh) cost more than
+    onnxruntime's session: without the engine the region stays onnxruntime's, with its values."""
+    monkeypatch.setattr(plan_module, "native_engine_available", lambda: False)
+    plan, whole = _plans(recurrent_decoder())
+    [region] = [s for s in plan.steps if s.backend == "onnxruntime"]
+    assert not isinstance(region.run, SpecializedRegion)
+    feeds = _feeds(2)
+    assert np.array_equal(plan.run(feeds)["next_state"], whole.run(feeds)["next_state"])

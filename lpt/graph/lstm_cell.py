@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lpt.graph.specialize import static_shapes
+from lpt.graph.specialize import names_read, static_shapes, subgraphs
 
 logger = logging.getLogger(__name__)
 
@@ -245,26 +245,15 @@ def _names_in(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         names.update([node.name, *node.input, *node.output])
         for attribute in node.attribute:
-            for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+            for subgraph in subgraphs(attribute):
                 names |= _names_in(subgraph)
-    return names
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """The names `graph`'s nodes and outputs read, its subgraphs' included."""
-    names = {v.name for v in graph.output}
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                names |= _names_read(subgraph)
     return names
 
 
 def _drop_unread_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
     """The initializers among `candidates` (the unrolled LSTMs' W, R, B, constant states) that nothing reads any
     more, removed."""
-    unread = candidates - _names_read(graph)
+    unread = candidates - {v.name for v in graph.output}.union(*(names_read(node) for node in graph.node))
     kept = [t for t in graph.initializer if t.name not in unread]
     del graph.initializer[:]
     graph.initializer.extend(kept)

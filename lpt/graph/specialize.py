@@ -130,23 +130,24 @@ def _names_defined(graph: onnx.GraphProto, leaving_out: int = -1) -> set[str]:
     names = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     for index, node in enumerate(graph.node):
         names.update(n for n in node.output if n)
-        for subgraph in [] if index == leaving_out else [g for a in node.attribute for g in _subgraphs(a)]:
+        for subgraph in [] if index == leaving_out else [g for a in node.attribute for g in subgraphs(a)]:
             names |= _names_defined(subgraph)
     return names
 
 
-def _names_read(node: onnx.NodeProto) -> set[str]:
+def names_read(node: onnx.NodeProto) -> set[str]:
     """The names a node reads, its subgraphs' reads of outer values included (a superset: also their own)."""
     names = {n for n in node.input if n}
     for attribute in node.attribute:
-        for subgraph in _subgraphs(attribute):
+        for subgraph in subgraphs(attribute):
             for inner in subgraph.node:
-                names |= _names_read(inner)
+                names |= names_read(inner)
             names.update(v.name for v in subgraph.output)
     return names
 
 
-def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+def subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The graphs an attribute holds (an If's branch, a Loop's body), none for other attributes."""
     if attribute.type == onnx.AttributeProto.GRAPH:
         return [attribute.g]
     return list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
@@ -180,7 +181,7 @@ def _rename_reads(graph: onnx.GraphProto, source: dict[str, str]) -> None:
         for position, name in enumerate(node.input):
             node.input[position] = source.get(name, name)
         for attribute in node.attribute:
-            for subgraph in _subgraphs(attribute):
+            for subgraph in subgraphs(attribute):
                 _rename_reads(subgraph, source)
                 for value in subgraph.output:
                     value.name = source.get(value.name, value.name)
@@ -193,7 +194,7 @@ def _drop_unread(graph: onnx.GraphProto) -> None:
     for node in reversed(graph.node):
         if any(name in needed for name in node.output):
             kept.append(node)
-            needed |= _names_read(node)
+            needed |= names_read(node)
     del graph.node[:]
     graph.node.extend(reversed(kept))
     initializers = [t for t in graph.initializer if t.name in needed]
