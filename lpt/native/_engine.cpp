@@ -3991,8 +3991,8 @@ PyObject *py_gelu_fast_worst_ratio(PyObject *, PyObject *args) {
     unsigned int first, last;
     int threads;
     if (!PyArg_ParseTuple(args, "IIi", &first, &last, &threads)) return nullptr;
-    if (!lpt_s16::sixteen_lanes()) {
-        PyErr_SetString(PyExc_RuntimeError, "the GELU stage's approximation runs on AVX-512 only");
+    if (!lpt_s16::sixteen_lanes() && !lpt_s16::fused_multiply_add()) {
+        PyErr_SetString(PyExc_RuntimeError, "the GELU stage's approximation needs AVX-512, or AVX2 and FMA");
         return nullptr;
     }
     if (first % 16 || last % 16 || last < first) {
@@ -4026,7 +4026,7 @@ PyMethodDef methods[] = {
         {"pool_holds", py_pool_holds, METH_NOARGS, "pool_holds() -> the holds (and native program runs) open now"},
         {"gelu_fast_worst_ratio", py_gelu_fast_worst_ratio, METH_VARARGS,
          "gelu_fast_worst_ratio(first, last, threads) -> (ratio, x): the GELU stage approximation's largest error "
-         "against its bound (gelu512.h) over the float32 values whose bits are in [first, last)"},
+         "against its bound (gelu512.h, or gelu256.h without AVX-512) over the float32 values whose bits are in [first, last)"},
         {"program", py_program, METH_VARARGS, "program(instructions, slots, inputs, outputs, threads) -> program"},
         {"program_run", py_program_run, METH_VARARGS, PROGRAM_RUN_DOC},
         {"program_scan", py_program_scan, METH_VARARGS, PROGRAM_SCAN_DOC},

@@ -22,6 +22,7 @@
 
 #include "s16.h"
 #include "levels512.h"
+#include "gelu256.h"
 #include "gelu512.h"
 #include "exp.h"
 #include "parallel.h"
@@ -252,10 +253,7 @@ __attribute__((target("avx2"))) inline void stage_values(const Epilogue &e, cons
             continue;
         }
         if (ops.gelu[k]) {
-            __m256 erf[N];
-            for (int v = 0; v < N; ++v) erf[v] = _mm256_div_ps(x[v], ops.slope[k]);
-            lpt_exp::erf_lanes_n<N>(erf);
-            for (int v = 0; v < N; ++v) x[v] = _mm256_mul_ps(_mm256_mul_ps(x[v], _mm256_add_ps(erf[v], ops.low[k])), ops.high[k]);
+            gelu_reference_256_n<N>(x, ops.slope[k], ops.low[k], ops.high[k]);
             continue;
         }
         for (int v = 0; v < N; ++v) {
@@ -328,13 +326,10 @@ __attribute__((target("avx2"))) inline __m256i level(__m256 y, const Quantizer &
     return _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(clamp(y, q.low, q.high), q.magic), q.magic_less_zero_point));
 }
 
-// Sixteen values (x0 the first eight) as saturate(rint(x / scale) + zero_point) into `valid` T at o.
+// Sixteen levels within [qmin, qmax] (level0 the first eight) into `valid` T at o.
 template <typename T>
-__attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1, const Quantizer &q, int64_t valid,
-                                                            T *o) {
-    // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
-    const __m256i level0 = level(_mm256_div_ps(x0, q.scale), q), level1 = level(_mm256_div_ps(x1, q.scale), q);
-    // 16 levels within [qmin, qmax] to 16 bytes: the packs saturate nothing
+__attribute__((target("avx2"))) inline void store_levels(__m256i level0, __m256i level1, int64_t valid, T *o) {
+    // 16 levels to 16 bytes: the packs saturate nothing
     const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(level0, level1), 0xD8);
     const __m128i low_words = _mm256_castsi256_si128(words), high_words = _mm256_extracti128_si256(words, 1);
     const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm_packus_epi16(low_words, high_words)
@@ -346,6 +341,14 @@ __attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1
         _mm_store_si128(reinterpret_cast<__m128i *>(all), bytes);
         std::memcpy(o, all, valid * sizeof(T));
     }
+}
+
+// Sixteen values (x0 the first eight) as saturate(rint(x / scale) + zero_point) into `valid` T at o.
+template <typename T>
+__attribute__((target("avx2"))) inline void store_quantized(__m256 x0, __m256 x1, const Quantizer &q, int64_t valid,
+                                                            T *o) {
+    // y = x / scale, clamped (max(NaN, low) is low, as y >= low ? y : low), rounded half to even
+    store_levels(level(_mm256_div_ps(x0, q.scale), q), level(_mm256_div_ps(x1, q.scale), q), valid, o);
 }
 
 // The 8-bit output stage of a layer with no post-op or one slope and clip (OneClip; SLOPE: a LeakyRelu's)
@@ -505,6 +508,68 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gelu_stage_512(const E
     for (; j < count; ++j) gelu_positions_512<T, 1>(g, acc + j * acc_stride, acc_stride, out + j * out_stride, out_stride);
 }
 
+// The same stage with eight lanes (AVX2 and FMA): HALVES of a tile's sixteen channels (both, or the first where
+// at most eight are valid), two positions at a time from the approximation (gelu_fast_256_n), the levels as
+// gelu_fast_positions_512 finds them (y' = RN(fast·r), the same argument with GELU_FAST8_ABS and _PER_U in
+// prepare_gelu_fast's margins); where a lane of the two positions lies next to a half, both positions again by
+// stage_values and store_quantized, the reference's operations, as is a last odd position. A 1×1 48 → 96
+// convolution with PaddleOCR's GELU over 160×160 (2 threads, alternating): see prepare_gelu_fast.
+template <typename T, int HALVES>
+__attribute__((target("avx2,fma"))) void gelu_stage_256(const Epilogue &e, const int32_t *acc, int64_t acc_stride,
+                                                        int64_t count, int64_t c0, int64_t valid, T *out,
+                                                        int64_t out_stride) {
+    constexpr int N = 2 * HALVES;  // vectors of two positions
+    const VectorPostOps ops = vector_post_ops(e);
+    const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
+    const GeluFast256 g = gelu_fast_256();
+    const Reciprocal r = reciprocal(e.scale, e.zero_point, e.qmin, e.qmax);
+    const __m256 reciprocal_value = _mm256_set1_ps(r.value), near_half = _mm256_set1_ps(e.gelu_near_half);
+    const __m256 per_u = _mm256_set1_ps(e.gelu_per_u), sign = _mm256_set1_ps(-0.0f);
+    const __m256 zero_point = _mm256_set1_ps((float)e.zero_point);
+    const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
+    const __m256 bias[2] = {e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
+                            e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps()};
+    const __m256i none = _mm256_setzero_si256();
+    int64_t j = 0;
+    for (; j + 2 <= count; j += 2) {
+        const int32_t *a = acc + j * acc_stride;
+        T *o = out + j * out_stride;
+        __m256 x[N], y[N], u[N], n[N];
+        for (int v = 0; v < N; ++v) {  // stage_values' arguments
+            const int32_t *values = a + (v / HALVES) * acc_stride + (v % HALVES) * 8;
+            x[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(values))),
+                                 multiplier[v % HALVES]);
+            if (e.bias) x[v] = _mm256_add_ps(x[v], bias[v % HALVES]);
+            if (e.flush_tiny) x[v] = flushed(x[v]);
+        }
+        gelu_fast_256_n<N>(x, g, y, u);
+        int near = 0;
+        for (int v = 0; v < N; ++v) {
+            const __m256 level = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(y[v], reciprocal_value), quantize.low), quantize.high);
+            n[v] = _mm256_round_ps(level, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256 off = _mm256_fmadd_ps(u[v], per_u, _mm256_andnot_ps(sign, _mm256_sub_ps(level, n[v])));
+            near |= _mm256_movemask_ps(_mm256_cmp_ps(off, near_half, _CMP_NLT_UQ));  // a NaN too
+        }
+        if (near) {
+            __m256 exact[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            stage_values<N, HALVES>(e, ops, a, acc_stride, multiplier, bias, exact);
+            store_quantized(exact[0], HALVES == 2 ? exact[1] : exact[3], quantize, valid, o);
+            store_quantized(exact[HALVES], HALVES == 2 ? exact[3] : exact[2], quantize, valid, o + out_stride);
+            continue;
+        }
+        for (int p = 0; p < 2; ++p) {
+            const __m256i first = _mm256_cvtps_epi32(_mm256_add_ps(n[p * HALVES], zero_point));
+            const __m256i second = HALVES == 2 ? _mm256_cvtps_epi32(_mm256_add_ps(n[p * HALVES + HALVES - 1], zero_point)) : none;
+            store_levels(first, second, valid, o + p * out_stride);
+        }
+    }
+    for (; j < count; ++j) {
+        __m256 last[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        stage_values<HALVES, HALVES>(e, ops, acc + j * acc_stride, acc_stride, multiplier, bias, last);
+        store_quantized(last[0], last[1], quantize, valid, out + j * out_stride);
+    }
+}
+
 // gelu_fast_worst_ratio over [first, end): the largest ratio (a NaN's infinite) and its x.
 __attribute__((target("avx512f"))) void gelu_fast_worst_in(int64_t first, int64_t end, float &worst, float &at) {
     const GeluReference512 reference = gelu_reference_512(GELU_FAST_DIVISOR, GELU_FAST_ONE, GELU_FAST_HALF);
@@ -530,6 +595,32 @@ __attribute__((target("avx512f"))) void gelu_fast_worst_in(int64_t first, int64_
         if (m[i] > worst) worst = m[i], at = w[i];
 }
 
+// The same with eight lanes (gelu256.h).
+__attribute__((target("avx2,fma"))) void gelu_fast_worst_in_256(int64_t first, int64_t end, float &worst, float &at) {
+    const GeluFast256 fast = gelu_fast_256();
+    const __m256 divisor = _mm256_set1_ps(GELU_FAST_DIVISOR), one = _mm256_set1_ps(GELU_FAST_ONE);
+    const __m256 half = _mm256_set1_ps(GELU_FAST_HALF), sign = _mm256_set1_ps(-0.0f);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 most = _mm256_setzero_ps(), where = _mm256_setzero_ps();
+    for (int64_t bits = first; bits < end; bits += 8) {
+        const __m256 x = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32((int32_t)(uint32_t)bits), lanes));
+        __m256 y, u, r = x;
+        gelu_fast_256_n<1>(&x, fast, &y, &u);
+        gelu_reference_256_n<1>(&r, divisor, one, half);
+        const __m256 allowed = _mm256_fmadd_ps(u, _mm256_set1_ps(GELU_FAST8_PER_U), _mm256_set1_ps(GELU_FAST8_ABS));
+        __m256 ratio = _mm256_div_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(y, r)), allowed);
+        ratio = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), ratio, _mm256_cmp_ps(ratio, ratio, _CMP_ORD_Q));
+        const __m256 larger = _mm256_cmp_ps(ratio, most, _CMP_GT_OQ);
+        most = _mm256_blendv_ps(most, ratio, larger);
+        where = _mm256_blendv_ps(where, x, larger);
+    }
+    alignas(32) float m[8], w[8];
+    _mm256_store_ps(m, most), _mm256_store_ps(w, where);
+    worst = 0.0f, at = 0.0f;
+    for (int i = 0; i < 8; ++i)
+        if (m[i] > worst) worst = m[i], at = w[i];
+}
+
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
 // into out (one row of out_stride values per position). The same operations in the same order as
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
@@ -548,6 +639,10 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
         }
         if (e.post_op_count == 1 && e.post_ops[0] == GELU && sixteen_lanes()) {
             gelu_stage_512<T>(e, acc, acc_stride, count, c0, valid, out, out_stride);
+            return;
+        }
+        if (e.post_op_count == 1 && e.post_ops[0] == GELU && e.gelu_near_half > 0.0f) {  // eight lanes, FMA
+            (valid <= 8 ? gelu_stage_256<T, 1> : gelu_stage_256<T, 2>)(e, acc, acc_stride, count, c0, valid, out, out_stride);
             return;
         }
     }
@@ -617,15 +712,21 @@ void prepare_gelu_fast(Epilogue &e, int64_t channels) {
         if (!(std::fabs((double)e.multiplier[c]) * 0x1p31 + (e.bias ? std::fabs((double)e.bias[c]) : 0.0) <
               GELU_FAST_CHECKED_BELOW))
             return;
+    // The approximation this CPU's stage takes: sixteen lanes (gelu512.h), or eight with FMA (gelu256.h).
+    const bool sixteen = sixteen_lanes();
+    if (!sixteen && !fused_multiply_add()) return;
+    const double fast_abs = sixteen ? GELU_FAST_ABS : GELU_FAST8_ABS, fast_per_u = sixteen ? GELU_FAST_PER_U : GELU_FAST8_PER_U;
     // levels_512's near_half less the approximation's constant term, and its term per unit of u, both widened
     // for their roundings
     const Reciprocal r = reciprocal(e.scale, e.zero_point, e.qmin, e.qmax);
     const double per_r = (double)r.value * (1.0 + 0x1p-19);
-    const float near_half = std::nextafter((float)((double)r.near_half - GELU_FAST_ABS * per_r - 0x1p-22), -INFINITY);
+    const float near_half = std::nextafter((float)((double)r.near_half - fast_abs * per_r - 0x1p-22), -INFINITY);
     if (!(r.near_half > 0.0f && near_half > 0.0f)) return;
-    e.gelu_per_u = std::nextafter((float)(GELU_FAST_PER_U * per_r), INFINITY);
+    e.gelu_per_u = std::nextafter((float)(fast_per_u * per_r), INFINITY);
     e.gelu_near_half = near_half;
 }
+
+bool fused_multiply_add() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 bool sixteen_lanes() {
     static const bool on = [] {
@@ -640,9 +741,11 @@ double gelu_fast_worst_ratio(uint32_t first, uint32_t last, int threads, float *
     constexpr int64_t BLOCK = 1 << 20;
     const int64_t blocks = ((int64_t)last - first + BLOCK - 1) / BLOCK;
     std::vector<float> worst(blocks, 0.0f), at(blocks, 0.0f);
+    const bool sixteen = sixteen_lanes();
     lpt_parallel::run(threads, blocks, 1, [&](lpt_parallel::Chunks &chunks) {
         for (int64_t b; chunks.next(b);)
-            gelu_fast_worst_in(first + b * BLOCK, std::min<int64_t>(last, first + (b + 1) * BLOCK), worst[b], at[b]);
+            (sixteen ? gelu_fast_worst_in : gelu_fast_worst_in_256)(
+                    first + b * BLOCK, std::min<int64_t>(last, first + (b + 1) * BLOCK), worst[b], at[b]);
     });
     int64_t top = 0;
     for (int64_t b = 1; b < blocks; ++b)

@@ -30,11 +30,14 @@ bool supported();  // the CPU has AVX2
 // lpt_ops::dense): an Intel CPU since Skylake-SP, an AMD one since Zen 4. LPT_AVX512=off keeps AVX2, as on
 // a CPU without AVX-512, so that one machine tests both.
 bool sixteen_lanes();
+// Whether the CPU has AVX2 and FMA: the GELU stage's eight-lane approximation (gelu256.h) needs both.
+bool fused_multiply_add();
 
-// The GELU stage approximation's largest error against its bound (gelu512.h), |fast(x) − reference(x)| /
+// The GELU stage approximation's largest error against its bound, |fast(x) − reference(x)| /
 // (GELU_FAST_ABS + GELU_FAST_PER_U·u), over the float32 values whose bits are in [first, last) (multiples
 // of 16), on `threads` threads; where it is, in worst_x. The stage relies on it being below 1 for every
-// finite x. Needs AVX-512 (sixteen_lanes()).
+// finite x. The approximation this process's stage takes: gelu512.h's with sixteen_lanes(), else gelu256.h's
+// (its GELU_FAST8_ constants), which needs fused_multiply_add().
 double gelu_fast_worst_ratio(uint32_t first, uint32_t last, int threads, float *worst_x);
 
 // Memory on 64-byte boundaries: each step of the kernel loads 64 bytes of weights, one cache line

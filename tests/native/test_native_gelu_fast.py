@@ -1,5 +1,6 @@
-"""The GELU output stage's approximation (lpt/native/gelu512.h): within its bound for every float32 it may see,
-and the stage's levels those of lpt's NumPy stage where values lie next to a half, where it takes the reference."""
+"""The GELU output stage's approximation (lpt/native/gelu512.h with AVX-512, gelu256.h with AVX2 and FMA, which
+LPT_AVX512=off forces on any CPU): within its bound for every float32 it may see, and the stage's levels those of
+lpt's NumPy stage where values lie next to a half, where it takes the reference."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ CHECKED_BELOW = 0x7E800000  # the bits of 2^126: gelu512.h's GELU_FAST_CHECKED_B
                          ids=["positive", "negative"])
 def test_the_approximation_is_within_its_bound_for_every_float32_below_2_126(first, last):
     """Every float32 x with |x| < 2^126 (zeros, subnormals and all): |fast(x) − reference(x)| at most
-    GELU_FAST_ABS + GELU_FAST_PER_U·u, the bound the stage's test for values next to a half relies on."""
+    GELU_FAST_ABS + GELU_FAST_PER_U·u (GELU_FAST8_ABS and _PER_U for the eight-lane one), the bound the stage's
+    test for values next to a half relies on."""
     try:
         ratio, x = lpt.native.engine.gelu_fast_worst_ratio(first, last, 2)
     except RuntimeError as err:
-        # No AVX-512 here (the CPU, or LPT_AVX512=off): the stage never takes the approximation there, every
-        # level is computed by the reference's operations, so there is no bound to check.
+        # Neither AVX-512 nor AVX2 with FMA here: the stage never takes an approximation there, every level is
+        # computed by the reference's operations, so there is no bound to check.
         pytest.skip(f"{err}: this process's GELU stage computes every level by the reference")
     assert ratio < 1, f"the approximation is {ratio:.3f} of its bound at x = {x!r}"
 
