@@ -854,6 +854,10 @@ void widen(const uint8_t *src, bool signed_src, bool channels_last, int zero_poi
                 widen_values(in, w * c, signed_src, zero_point, interior);
             else
                 for (int64_t x = 0; x < w; ++x) widen_values(in + x * c, c, signed_src, zero_point, interior + x * c2);
+        } else if (c == 3 && c2 == 3) {  // an RGB image (a stem): its planes interleaved, then widened, by vectors
+            uint8_t interleaved[3 * CHANNELS_FIRST_CHUNK];
+            interleave_three_planes(src + (n * 3 * h + y) * w + x0, h * w, x1 - x0, 0, interleaved);
+            widen_values(interleaved, 3 * (x1 - x0), signed_src, zero_point, interior + x0 * 3);
         } else {
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
@@ -953,6 +957,31 @@ __attribute__((target("avx2"))) void depthwise_block(const int16_t *window, cons
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), _mm256_permute2x128_si256(low, high, 0x31));
 }
 
+// The same for P positions `step` int16 apart along a row of the source (an output row's neighbours): each
+// pair of taps' weights and offsets read once for the P, and P·2 independent sums.
+template <int P>
+__attribute__((target("avx2"))) void depthwise_blocks(const int16_t *window, int64_t step, const int16_t *weights,
+                                                      const int64_t *offsets, int64_t pairs, int32_t *acc) {
+    __m256i low[P], high[P];
+    for (int j = 0; j < P; ++j) low[j] = high[j] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < pairs; ++q, weights += 2 * LANES) {
+        const __m256i w_low = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights));
+        const __m256i w_high = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights + LANES));
+        const int16_t *first = window + offsets[2 * q], *second = window + offsets[2 * q + 1];
+        for (int j = 0; j < P; ++j) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(first + j * step));
+            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(second + j * step));
+            low[j] = _mm256_add_epi32(low[j], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w_low));
+            high[j] = _mm256_add_epi32(high[j], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w_high));
+        }
+    }
+    for (int j = 0; j < P; ++j) {
+        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES), _mm256_permute2x128_si256(low[j], high[j], 0x20));
+        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES + 8), _mm256_permute2x128_si256(low[j], high[j], 0x31));
+    }
+}
+constexpr int DEPTHWISE_POSITIONS = 4;
+
 // Every run of RUN_TILES·TILE positions of one block of 16 channels of a depthwise convolution,
 // handed to sink as each_tile hands a convolution's.
 template <typename Sink>
@@ -971,14 +1000,25 @@ void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geome
     const int64_t *tap_offsets = offsets.data();
     const int64_t work = images * positions * g.out_channels * taps;
     lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
-        const int64_t n = task / (blocks * runs), b = task / runs % blocks, first = task % runs * RUN;
+        // the blocks of one run of positions one after another, while the run's windows are in the caches: block
+        // by block over the whole map instead, each block's pass read its 32 bytes of every 64-byte line of the
+        // widened source again (a 7×7 depthwise convolution of 96 channels over 160×160, Zen 3, one thread,
+        // alternating: 14.7 → 11.0 ms, and 9.1 with depthwise_blocks)
+        const int64_t n = task / (blocks * runs), b = task % blocks, first = task / blocks % runs * RUN;
         const int64_t count = std::min(RUN, positions - first);
         alignas(32) int32_t acc[RUN * LANES];
         int64_t oy = first / out_w, ox = first % out_w;  // of the position j below, kept as j advances
-        for (int64_t j = 0; j < count; ++j) {
+        for (int64_t j = 0; j < count;) {
             const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
-            depthwise_block(window, packed + b * block_size, tap_offsets, pairs, acc + j * LANES);
-            if (++ox == out_w) ox = 0, ++oy;
+            if (j + DEPTHWISE_POSITIONS <= count && ox + DEPTHWISE_POSITIONS <= out_w) {
+                depthwise_blocks<DEPTHWISE_POSITIONS>(window, g.stride_w * c2, packed + b * block_size, tap_offsets,
+                                                      pairs, acc + j * LANES);
+                j += DEPTHWISE_POSITIONS, ox += DEPTHWISE_POSITIONS;
+            } else {
+                depthwise_block(window, packed + b * block_size, tap_offsets, pairs, acc + j * LANES);
+                ++j, ++ox;
+            }
+            if (ox == out_w) ox = 0, ++oy;
         }
         sink(acc, n * positions + first, count, 1, b * LANES, std::min(LANES, g.out_channels - b * LANES));
     });
