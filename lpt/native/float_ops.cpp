@@ -574,14 +574,24 @@ void upsampled_step(float *o, const ChainStep &s, int64_t start, int64_t count) 
     const int64_t source_h = s.height / s.up_h, source_w = s.width / s.up_w;
     int64_t e = s.offset + start;
     const int64_t end = e + count;
+    // Where e lies, divided out once; then each run's place follows from the last one's, where it was divided
+    // out per position (channels-last) or per value (channels-first): x + y + up(r) of 96 channels over
+    // 160×160, r 8× upsampled, channels-first, 2 threads, 4.7-5.8 → 4.1 ms (Zen 3, two runs each).
     if (s.channels_last) {
+        int64_t c = e % s.channels, position = e / s.channels;
+        int64_t x = position % s.width, y = position / s.width % s.height, n = position / (s.width * s.height);
+        // the source position of (y, x): its row, and x's column and place among that column's up_w repeats
+        const float *row = s.operand + (n * source_h + y / s.up_h) * source_w * s.channels;
+        int64_t column = x / s.up_w, phase = x % s.up_w;
         while (e < end) {
-            const int64_t c = e % s.channels, position = e / s.channels;
-            const int64_t x = position % s.width, y = position / s.width % s.height, n = position / (s.width * s.height);
             const int64_t run = std::min(end - e, s.channels - c);
-            const float *from = s.operand + ((n * source_h + y / s.up_h) * source_w + x / s.up_w) * s.channels + c;
-            step_run(s.op, o, from, s.operand_first, run);
-            o += run, e += run;
+            step_run(s.op, o, row + column * s.channels + c, s.operand_first, run);
+            o += run, e += run, c = 0;
+            if (++phase == s.up_w) phase = 0, ++column;
+            if (++x < s.width) continue;
+            x = column = phase = 0;
+            if (++y == s.height) y = 0, ++n;
+            row = s.operand + (n * source_h + y / s.up_h) * source_w * s.channels;
         }
         return;
     }
@@ -591,7 +601,11 @@ void upsampled_step(float *o, const ChainStep &s, int64_t start, int64_t count) 
         const int64_t run = std::min(end - e, s.width - x);
         const float *from = s.operand + (plane * source_h + y / s.up_h) * source_w;
         if ((int64_t)row.size() < run) row.resize(run);
-        for (int64_t i = 0; i < run; ++i) row[i] = from[(x + i) / s.up_w];
+        // value i of the run is from[(x + i) / up_w]: whole repeats of each source value
+        for (int64_t i = 0, sx = x / s.up_w, phase = x % s.up_w; i < run; ++i) {
+            row[i] = from[sx];
+            if (++phase == s.up_w) phase = 0, ++sx;
+        }
         step_run(s.op, o, row.data(), s.operand_first, run);
         o += run, e += run;
     }

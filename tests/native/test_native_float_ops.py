@@ -170,6 +170,27 @@ def test_binary_ops_one_after_the_other_are_numpys(seed, operations, layouts, sc
         assert same_bits(results[0], y)
 
 
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("factors", [(2, 2), (3, 4), (8, 8)])
+def test_an_upsampled_operand_over_many_tasks_is_numpys(layout, factors):
+    """x + y, then + up(r), over 2 images of 40 channels and 24 × 32 positions: many tasks of the engine's
+    elementwise loop, most of them starting within a position's channels or a row, where the upsampled
+    operand's place is found from the task's first value and then followed."""
+    from lpt.kernels.pooling import upsample_nearest
+
+    rng = np.random.default_rng(sum(factors))
+    make_x, feeds_x, x = source(rng, (2, 40, 24, 32), layout)
+    y = rng.normal(0, 2, (2, 40, 24, 32)).astype(np.float32)
+    make_r, feeds_r, r = source(rng, (2, 40, 24 // factors[0], 32 // factors[1]), layout)
+    make_r = [(kind, ["q2"], "r", p) for kind, _, _, p in make_r]
+    feeds_r = {("q2" if k == "q" else "r"): v for k, v in feeds_r.items()}
+    code = [("binary", ["x", "y"], "a", "add"), ("resize_nearest", ["r"], "r_up", factors),
+            ("binary", ["a", "r_up"], "z", "add")]
+    program = Program(make_x + make_r + code, list(feeds_x) + ["y"] + list(feeds_r), ["z"], threads=2)
+    [z] = program(*feeds_x.values(), y, *feeds_r.values())
+    assert same_bits(z, (x + y) + upsample_nearest(r, factors))
+
+
 @pytest.mark.parametrize("layouts", [("channels_first", "channels_last"), ("channels_last", "channels_first"),
                                      ("channels_last", "channels_last")])
 def test_a_concatenation_of_the_channels_is_numpys(layouts):
