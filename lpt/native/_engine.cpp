@@ -1408,9 +1408,11 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
 // (a residual join after a convolution: join_in_bands).
 using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
 
-// Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes.
+// Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes. With
+// `staging`, that output stage instead of the layer's, into dst (add_in_stage's).
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
-             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes) {
+             int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes,
+             const lpt_s16::Epilogue *staging = nullptr) {
     const lpt_s16::Geometry &g = op.geometry;
     // conv [N, C, (H,) W]; matmul [M, K]: one image one row high and M wide, channels-last
     const bool conv = op.kind == Kind::conv;
@@ -1434,15 +1436,16 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     std::memset(widened + wide_size, 0, lpt_s16::READ_SLACK * sizeof(int16_t));
     lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, src_zero_point, widening, images, h, w,
                    widened, op.threads);
-    if (dst != Dst::s32 && dst == op.stage.dst && (!conv || channels_last_out)) {
+    if ((staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
+        const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;
         if (narrow) {
-            lpt_s16::convolve_staged(widened, op.narrow.data(), g, images, h, w, op.epilogue, out, op.threads);
+            lpt_s16::convolve_staged(widened, op.narrow.data(), g, images, h, w, epilogue, out, op.threads);
         } else {
             const auto staged = op.depthwise ? lpt_s16::depthwise_staged
                                 : winograd    ? lpt_s16::winograd_staged
                                               : lpt_s16::convolve_staged<int16_t>;
-            staged(widened, weights.data(), g, images, h, w, op.epilogue, out, op.threads);
+            staged(widened, weights.data(), g, images, h, w, epilogue, out, op.threads);
         }
     } else {
         thread_local Scratch<int32_t> accumulators;  // the calling thread's, as execute's
@@ -2306,6 +2309,69 @@ bool join_in_bands(Program &program, size_t at, const Instruction &layer, const 
                       join.b_scale, join.relu, join.to, o + first * out_item, threads);
     };
     run_layer(layer, src, mid, program.scratch, &joined);
+    return true;
+}
+
+// Whether `binary` adds one float32 tensor to the output of the convolution `layer` (code[at]) that nothing else
+// reads, where lpt's s16 kernel can add it in the layer's output stage (add_in_stage): a stage into float32
+// with no post-op (a residual Add after a layer whose output stays float32: PaddleOCR's detector's).
+// `view`: the slot the Add reads the output as, the output itself or an Identity's view of it just before the Add
+// (code[at + 1], the Add code[at + 2]).
+bool adds_to_layer(const Program &program, size_t at, const Instruction &layer, int view, const Instruction &binary) {
+    if (layer.code != Code::layer || binary.code != Code::binary || binary.op != '+') return false;
+    const Operation &op = *layer.operation;
+    const size_t add_at = at + (view == layer.out ? 1 : 2);
+    return op.kind == Kind::conv && op.route == Route::s16 && op.stage.dst == Dst::f32 &&
+           op.epilogue.post_op_count == 0 && !op.epilogue.flush_tiny &&
+           (binary.in[0] == view) != (binary.in[1] == view) && program.last_use[layer.out] == add_at &&
+           program.last_use[view] == add_at;
+}
+
+// The convolution `layer` and the Add after it (adds_to_layer) in one pass: each tile's float32 values plus
+// the other operand's, quantized where the Add's output is (fold_quantizes), the layer's float32 output never
+// written nor read again. The same operations on the same values as the two instructions'. False, with
+// nothing run, where the other operand is not float32 in the layer's output shape and layout.
+bool add_in_stage(Program &program, const Instruction &layer, int view, const Instruction &binary) {
+    std::vector<Slot> &slots = program.slots;
+    const Slot &src = slots[layer.in[0]];
+    const bool layer_first = binary.in[0] == view;
+    const Slot &other = slots[binary.in[layer_first ? 1 : 0]];
+    Operation &op = *layer.operation;
+    const size_t rank = op.weight_dims.size() - (op.groups > 1 ? 1 : 0);
+    if (!src.eight_bit() || other.type != 'f' || src.dims.size() != rank || src.dims[1] != op.in_channels)
+        return false;
+    const std::vector<int64_t> dims = layer_output_dims(op, src.dims);
+    int64_t positions = 1;
+    for (size_t i = 2; i < dims.size(); ++i) positions *= dims[i];
+    const bool transposed = dims[1] > 1 && positions > 1;  // as Slot::transposed() would say of the layer's output
+    if (other.dims != dims || other.transposed() != transposed) return false;
+    lpt_s16::Epilogue staging = op.epilogue;
+    staging.addend_first = !layer_first;
+    Dst dst = Dst::f32;
+    if (binary.quantized) {
+        const lpt_ops::QuantizeTo &to = binary.quantize_to;
+        dst = to.is_signed ? Dst::s8 : Dst::u8;
+        staging.type = to.is_signed ? lpt_s16::Epilogue::s8 : lpt_s16::Epilogue::u8;
+        staging.scale = to.scale, staging.zero_point = to.zero_point, staging.qmin = to.qmin, staging.qmax = to.qmax;
+    }
+    Slot &out = slots[binary.out];
+    out.dims = dims;
+    out.channels_last = true;
+    char *o = static_cast<char *>(out.allocate(dst == Dst::f32 ? 'f' : dst == Dst::u8 ? 'B' : 'b', out.count()));
+    // a few images at a time, as run_layer
+    const int64_t images = src.dims[0], in_image = src.count() / std::max<int64_t>(images, 1),
+                  out_image = out.count() / std::max<int64_t>(images, 1), item = item_size(dst);
+    const int64_t chunk = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(1, 3 * in_image + 8 * out_image));
+    std::lock_guard<std::mutex> guard(op.lock);
+    for (int64_t first = 0; first < images; first += chunk) {
+        const int64_t count = std::min(chunk, images - first);
+        memory::dims part(src.dims.begin(), src.dims.end());
+        part[0] = count;
+        staging.addend = static_cast<const float *>(other.data) + first * out_image;
+        run_s16(op, static_cast<const uint8_t *>(src.data) + first * in_image, part, src.transposed(),
+                src.type == 'b', op.src_zero_point, dst, true, o + first * out_image * item,
+                (size_t)(count * out_image * item), &staging);
+    }
     return true;
 }
 
@@ -3557,17 +3623,26 @@ void run_code(Program &program) {
     auto start = std::chrono::steady_clock::now();
     const std::vector<Instruction> &code = program.code;
     for (size_t i = 0; i < code.size(); ++i) {
-        // a convolution and the residual join after it run as one (join_in_bands): the join's time is the layer's
-        const bool paired = i + 1 < code.size() && joins_layer(code[i], code[i + 1]) &&
-                            join_in_bands(program, i, code[i], code[i + 1]);
-        if (!paired) step(program, code[i]);
-        for (size_t k = i; k <= i + paired; ++k)
+        // a convolution and the residual join or Add after it run as one (join_in_bands, add_in_stage), the Add
+        // reading the layer's output or an Identity's view of it: the join's or the Add's time is the layer's
+        size_t last = i;  // the last instruction this pass runs
+        if (i + 1 < code.size() && joins_layer(code[i], code[i + 1]) && join_in_bands(program, i, code[i], code[i + 1]))
+            last = i + 1;
+        const bool through_view = i + 2 < code.size() && code[i + 1].code == Code::identity &&
+                                  code[i + 1].in[0] == code[i].out;
+        const size_t add_at = i + 1 + through_view;
+        const int view = through_view ? code[i + 1].out : code[i].out;
+        if (last == i && add_at < code.size() && adds_to_layer(program, i, code[i], view, code[add_at]) &&
+            add_in_stage(program, code[i], view, code[add_at]))
+            last = add_at;
+        if (last == i) step(program, code[i]);
+        for (size_t k = i; k <= last; ++k)
             for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release
                 if (program.last_use[slot] == k) program.slots[slot].release();
         const auto end = std::chrono::steady_clock::now();
         program.seconds[i] = std::chrono::duration<double>(end - start).count();
         start = end;
-        i += paired;
+        i = last;
     }
     program.opens_loops = lpt_parallel::loops_opened() != loops_before;
 }

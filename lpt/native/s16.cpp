@@ -626,9 +626,53 @@ __attribute__((target("avx2,fma"))) void gelu_fast_worst_in_256(int64_t first, i
 // _engine.cpp's stage_row, eight channels at a time; the comparisons are ordered so that a NaN
 // goes where the scalar form sends it. What does not change from one position to the next (the
 // channels' multipliers and biases, the post-ops' constants) is set once.
+// The output stage of a layer with no post-op and an addend (Epilogue::addend): x = f32(acc)·multiplier + bias,
+// then x + addend (addend + x), stored as float32 or quantized: the operations of the layer's float32 stage and
+// of the Add after it, in their order, without the layer's float32 output in between. `addend` lies as out.
+template <typename T>
+__attribute__((target("avx2"))) void added_stage(const Epilogue &e, const int32_t *acc, int64_t acc_stride,
+                                                 int64_t count, int64_t c0, int64_t valid, const float *addend, T *out,
+                                                 int64_t out_stride) {
+    const Quantizer quantize = quantizer(e.scale, e.zero_point, e.qmin, e.qmax);
+    const __m256 multiplier[2] = {_mm256_loadu_ps(e.multiplier + c0), _mm256_loadu_ps(e.multiplier + c0 + 8)};
+    const __m256 bias[2] = {e.bias ? _mm256_loadu_ps(e.bias + c0) : _mm256_setzero_ps(),
+                            e.bias ? _mm256_loadu_ps(e.bias + c0 + 8) : _mm256_setzero_ps()};
+    for (int64_t j = 0; j < count; ++j) {
+        const float *other = addend + j * out_stride;
+        alignas(32) float part[LANES];  // a partial block's addends: only its valid ones are read
+        if (valid < LANES) {
+            std::memcpy(part, other, valid * sizeof(float));
+            std::fill(part + valid, part + LANES, 0.0f);
+            other = part;
+        }
+        __m256 x[2];
+        for (int k = 0; k < 2; ++k) {
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * acc_stride + 8 * k));
+            x[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(a), multiplier[k]);
+            if (e.bias) x[k] = _mm256_add_ps(x[k], bias[k]);
+            const __m256 y = _mm256_loadu_ps(other + 8 * k);
+            x[k] = e.addend_first ? _mm256_add_ps(y, x[k]) : _mm256_add_ps(x[k], y);
+        }
+        T *o = out + j * out_stride;
+        if constexpr (std::is_same_v<T, float>) {
+            alignas(32) float values[LANES];
+            _mm256_store_ps(values, x[0]);
+            _mm256_store_ps(values + 8, x[1]);
+            std::memcpy(o, values, valid * sizeof(float));
+        } else {
+            store_quantized(x[0], x[1], quantize, valid, o);
+        }
+    }
+}
+
 template <typename T>
 __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc, int64_t acc_stride, int64_t count,
-                                           int64_t c0, int64_t valid, T *out, int64_t out_stride) {
+                                           int64_t c0, int64_t valid, T *out, int64_t out_stride,
+                                           const float *addend = nullptr) {
+    if (addend) {
+        added_stage(e, acc, acc_stride, count, c0, valid, addend, out, out_stride);
+        return;
+    }
     if constexpr (!std::is_same_v<T, float>) {
         if (takes_one_clip(e)) {
             const bool slope = e.post_op_count == 1 && e.post_ops[1] != 1.0f;
@@ -1448,7 +1492,8 @@ void write_staged(const Walk &walk, const Geometry &g, const Epilogue &e, void *
     const int64_t oc = g.out_channels;
     auto staged = [&](auto *typed) {
         walk([&](const int32_t *tile_acc, int64_t position, int64_t count, int64_t step, int64_t c0, int64_t valid) {
-            stage(e, tile_acc, LANES, count, c0, valid, typed + position * oc + c0, step * oc);
+            stage(e, tile_acc, LANES, count, c0, valid, typed + position * oc + c0, step * oc,
+                  e.addend ? e.addend + position * oc + c0 : nullptr);
         });
     };
     switch (e.type) {

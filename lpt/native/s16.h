@@ -119,6 +119,12 @@ struct Epilogue {
     // from a half within which a level is computed again; −1 where the reference computes every level.
     // Set by prepare_gelu_fast.
     float gelu_per_u = 0.0f, gelu_near_half = -1.0f;
+    // A float32 tensor the stage adds after the post-ops, before the quantization (_engine.cpp: add_in_stage,
+    // a residual Add after a layer that writes float32): x + addend, or addend + x with addend_first. It lies
+    // as the output does ([images, positions, OC]); only where there is no post-op and flush_tiny is off, and
+    // only in the staged kernels (convolve_staged, depthwise_staged, winograd_staged).
+    const float *addend = nullptr;
+    bool addend_first = false;
 };
 constexpr float TINY = 0x1p-96f;
 

@@ -509,6 +509,49 @@ def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multipl
     assert same_bits(program(x)[0], expected)
 
 
+@pytest.mark.parametrize("kind", ["1x1", "3x3", "depthwise"])
+@pytest.mark.parametrize("layer_first", [True, False], ids=["conv+other", "other+conv"])
+@pytest.mark.parametrize("through_a_view", [False, True], ids=["direct", "identity"])
+@pytest.mark.parametrize("to", [None, (0.05, 7, 0, 255, False), (0.03, -4, -128, 127, True)],
+                         ids=["float", "uint8", "int8"])
+def test_an_add_after_a_float_convolution_runs_in_its_output_stage(kind, layer_first, through_a_view, to):
+    """A float32 Add after a convolution that writes float32 (its output read by the Add alone, directly or through
+    an Identity) runs in the s16 kernel's output stage, the layer's output never written: the bits of the layer's
+    float32 values plus the other operand, quantized where the Add's output is; 24 channels, so a block of 8 too;
+    a 1×1 layer, a 3×3 one (by Winograd) and a depthwise one."""
+    rng = np.random.default_rng(len(kind) + 2 * layer_first + 4 * through_a_view)
+    channels = 24
+    groups = channels if kind == "depthwise" else 1
+    kernel = 1 if kind == "1x1" else 3
+    weights = rng.integers(-128, 128, (channels, channels // groups, kernel, kernel)).astype(np.int8)
+    conv = lpt.native.Conv(weights, groups=groups, pads=(kernel // 2,) * 4, src_zero_point=128, route="s16", threads=2,
+                           multiplier=rng.uniform(1e-4, 3e-4, channels).astype(np.float32),
+                           bias=rng.normal(0, 0.3, channels).astype(np.float32))
+    other = lpt.native.Conv(rng.integers(-128, 128, (channels, channels, 1, 1)).astype(np.int8), src_zero_point=128,
+                            route="s16", threads=2, multiplier=np.float32(0.003))
+    x = rng.integers(0, 256, (2, channels, 9, 11)).astype(np.uint8)
+    code = [("layer", ["x"], "r", other.instruction[1]), ("layer", ["x"], "y", conv.instruction[1])]
+    if through_a_view:
+        code.append(("identity", ["y"], "view", None))
+    read = "view" if through_a_view else "y"
+    code.append(("binary", [read, "r"] if layer_first else ["r", read], "z", "add"))
+    if to:
+        code.append(("quantize", ["z"], "q", to))
+    program = Program(code, ["x"], ["q" if to else "z"], threads=2)
+    y, r = conv(x), other(x)
+    expected = y + r if layer_first else r + y
+    if to:
+        expected = quantize(expected, np.float32(to[0]), np.int32(to[1]), to[2], to[3])
+    assert same_bits(program(x)[0], expected)
+    assert program.seconds()[2 + through_a_view] == 0.0  # run with the convolution: its time is the layer's
+
+    # where the layer's float32 output is an output too, the two run one after the other, with the same bits
+    both = Program(code, ["x"], ["y", "q" if to else "z"], threads=2)
+    kept, added = both(x)
+    assert same_bits(kept, y) and same_bits(added, expected)
+    assert both.seconds()[2 + through_a_view] > 0.0
+
+
 def test_a_classifier_tail_joins_to_float_and_pools_in_the_same_native_call():
     """The last block's Add has no quantize after it (the global average comes first): a join to f32,
     then the mean, keep the whole network in one program, with the bits of the steps run one by one."""
