@@ -572,6 +572,13 @@ __attribute__((target("avx2,fma"))) void gelu_stage_256(const Epilogue &e, const
     }
 }
 
+// The largest of `lanes` ratios and its lane's x (0 and 0 where none is above 0).
+inline void largest_of_lanes(const float *ratios, const float *xs, int lanes, float &worst, float &at) {
+    worst = 0.0f, at = 0.0f;
+    for (int i = 0; i < lanes; ++i)
+        if (ratios[i] > worst) worst = ratios[i], at = xs[i];
+}
+
 // gelu_fast_worst_ratio over [first, end): the largest ratio (a NaN's infinite) and its x.
 __attribute__((target("avx512f"))) void gelu_fast_worst_in(int64_t first, int64_t end, float &worst, float &at) {
     const GeluReference512 reference = gelu_reference_512(GELU_FAST_DIVISOR, GELU_FAST_ONE, GELU_FAST_HALF);
@@ -592,9 +599,7 @@ __attribute__((target("avx512f"))) void gelu_fast_worst_in(int64_t first, int64_
     }
     alignas(64) float m[16], w[16];
     _mm512_store_ps(m, most), _mm512_store_ps(w, where);
-    worst = 0.0f, at = 0.0f;
-    for (int i = 0; i < 16; ++i)
-        if (m[i] > worst) worst = m[i], at = w[i];
+    largest_of_lanes(m, w, 16, worst, at);
 }
 
 // The same with eight lanes (gelu256.h).
@@ -618,9 +623,7 @@ __attribute__((target("avx2,fma"))) void gelu_fast_worst_in_256(int64_t first, i
     }
     alignas(32) float m[8], w[8];
     _mm256_store_ps(m, most), _mm256_store_ps(w, where);
-    worst = 0.0f, at = 0.0f;
-    for (int i = 0; i < 8; ++i)
-        if (m[i] > worst) worst = m[i], at = w[i];
+    largest_of_lanes(m, w, 8, worst, at);
 }
 
 // Epilogue on one tile's accumulators acc [count][LANES]: the output stage of channels c0 … c0 + valid
