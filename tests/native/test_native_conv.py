@@ -156,6 +156,28 @@ def test_a_last_block_of_at_most_eight_channels_with_the_block_before_it(route, 
     assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), levels)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dst_dtype", [np.uint8, np.float32])
+def test_every_width_of_a_last_block_is_stored_whole_and_alone(route, dst_dtype):
+    """1 to 33 output channels: every count of valid channels in a last block (stored by 8, 4, 2 and 1 values
+    on s16), each channel equal to the reference in both layouts. In the channels-last output each position's
+    channels lie next to the following position's, so a store past a block's valid channels, or one short of
+    them, changes a value the reference fixes."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, (1, 6, 5, 7)).astype(np.uint8)
+    for channels in range(1, 34):
+        weights = rng.integers(-128, 128, (channels, 6, 1, 1)).astype(np.int8)
+        stage = dict(multiplier=rng.uniform(1e-4, 3e-4, channels).astype(np.float32),
+                     bias=rng.normal(0, 1, channels).astype(np.float32), post_ops=(Relu(),))
+        if dst_dtype == np.uint8:
+            stage.update(dst_scale=np.float32(0.05), dst_zero_point=np.int32(0))
+        conv = lpt.native.Conv(weights, src_zero_point=3, route=route, threads=1, dst_dtype=dst_dtype, **stage)
+        acc = conv_reference(src, weights, 3).astype(np.int32)
+        expected = output_stage(acc, qmin=0, qmax=255, **stage)
+        assert same_bits(conv(src), expected), channels
+        assert same_bits(np.ascontiguousarray(conv(src, channels_last=True)), expected), channels
+
+
 DESTINATIONS = [  # (dst_scale, dst_zero_point, dst_dtype, qmin, qmax)
     (None, 0, None, None, None),
     (0.05, 3, np.uint8, None, None),

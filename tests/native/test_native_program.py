@@ -514,13 +514,14 @@ def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multipl
 @pytest.mark.parametrize("through_a_view", [False, True], ids=["direct", "identity"])
 @pytest.mark.parametrize("to", [None, (0.05, 7, 0, 255, False), (0.03, -4, -128, 127, True)],
                          ids=["float", "uint8", "int8"])
-def test_an_add_after_a_float_convolution_runs_in_its_output_stage(kind, layer_first, through_a_view, to):
+@pytest.mark.parametrize("channels", [24, 29])
+def test_an_add_after_a_float_convolution_runs_in_its_output_stage(kind, layer_first, through_a_view, to, channels):
     """A float32 Add after a convolution that writes float32 (its output read by the Add alone, directly or through
     an Identity) runs in the s16 kernel's output stage, the layer's output never written: the bits of the layer's
-    float32 values plus the other operand, quantized where the Add's output is; 24 channels, so a block of 8 too;
+    float32 values plus the other operand, quantized where the Add's output is; 24 channels (a last block of 8,
+    with the block before it) and 29 (a last block of 13, whose operands are read in part in both its halves);
     a 1×1 layer, a 3×3 one (by Winograd) and a depthwise one."""
-    rng = np.random.default_rng(len(kind) + 2 * layer_first + 4 * through_a_view)
-    channels = 24
+    rng = np.random.default_rng(len(kind) + 2 * layer_first + 4 * through_a_view + channels)
     groups = channels if kind == "depthwise" else 1
     kernel = 1 if kind == "1x1" else 3
     weights = rng.integers(-128, 128, (channels, channels // groups, kernel, kernel)).astype(np.int8)
