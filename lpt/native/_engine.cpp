@@ -372,6 +372,7 @@ struct Operation {
     lpt_s16::PackedWeights winograd_packed;
     lpt_s16::PackedWeights packed;
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
+    lpt_s16::ByteWeights bytes;     // for the direct kernel on bytes, where it runs (prepare_s16)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
@@ -1216,6 +1217,16 @@ void prepare_few_rows(Operation &op) {
     op.few_rows = lpt_few_rows::pack(op.weights.data(), op.in_channels, op.out_channels);
 }
 
+// Whether route s16 runs a direct convolution on bytes (lpt_s16::ByteWeights): where they fit and its weights
+// make it pay; always where they fit with LPT_S16_BYTES=1, never with 0 (so that tests run both on any CPU).
+void take_bytes(Operation &op, const int8_t *weights) {
+    const char *choice = std::getenv("LPT_S16_BYTES");
+    const std::string c = choice ? choice : "";
+    if (c == "0" || !lpt_s16::bytes_fit(op.geometry)) return;
+    lpt_s16::ByteWeights bytes = lpt_s16::pack_byte_weights(weights, op.geometry);
+    if (c == "1" || lpt_s16::bytes_pay(bytes, op.geometry)) op.bytes = std::move(bytes);
+}
+
 // Route s16's geometry and packed weights.
 void prepare_s16(Operation &op) {
     if (op.kind == Kind::matmul) {  // a 1×1 convolution with K input channels and N outputs
@@ -1227,6 +1238,7 @@ void prepare_s16(Operation &op) {
         op.packed = lpt_s16::pack_weights(transposed.data(), op.geometry);
         narrow_large_weights(op);
         narrow_for_one_row(op);
+        take_bytes(op, transposed.data());
         return;
     }
     op.geometry = conv_geometry(op);
@@ -1243,6 +1255,7 @@ void prepare_s16(Operation &op) {
         op.packed = op.depthwise ? lpt_s16::pack_depthwise_weights(op.weights.data(), op.geometry)
                                  : lpt_s16::pack_weights(op.weights.data(), op.geometry);
     if (!op.depthwise) narrow_large_weights(op);
+    if (!op.depthwise) take_bytes(op, op.weights.data());
 }
 
 const char CONV_DOC[] =
@@ -1408,6 +1421,31 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
 // (a residual join after a convolution: join_in_bands).
 using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
 
+// run_s16 where the direct kernel on bytes takes the layer: the source padded as bytes, then as run_s16.
+void run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, bool channels_last,
+                   bool signed_src, int src_zero_point, Dst dst, bool channels_last_out, void *out,
+                   const lpt_s16::Epilogue *staging) {
+    const lpt_s16::Geometry &g = op.geometry;
+    const bool conv = op.kind == Kind::conv;
+    thread_local Scratch<uint8_t> bytes;
+    uint8_t *padded = bytes.get(lpt_s16::padded_bytes_size(g, images, h, w));
+    lpt_s16::pad_bytes(src, signed_src, channels_last, src_zero_point, g, images, h, w, padded, op.threads);
+    if ((staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out)) {
+        lpt_s16::convolve_bytes_staged(padded, op.bytes, src_zero_point, signed_src, g, images, h, w,
+                                       staging ? *staging : op.epilogue, out, op.threads);
+    } else {
+        const int64_t positions = conv ? g.out_h(h) * g.out_w(w) : w;
+        thread_local Scratch<int32_t> accumulators;
+        int32_t *acc = accumulators.get((size_t)(images * positions * op.out_channels));
+        lpt_s16::convolve_bytes(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, acc, op.threads);
+        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels, conv && !channels_last_out, out,
+                  op.threads);
+        if (accumulators.bytes() > KEEP_SCRATCH_BYTES) accumulators.release();
+    }
+    op.last_impl = "lpt:s16_bytes_avx2";
+    if (bytes.bytes() > KEEP_WIDENED_BYTES) bytes.release();
+}
+
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes. With
 // `staging`, that output stage instead of the layer's, into dst (add_in_stage's).
 void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
@@ -1429,13 +1467,18 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const bool narrow = !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
     if (weights.empty() && !narrow)
         weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
+    const bool channels_last_src = channels_last || !conv || h * w == 1;
+    if (!winograd && !op.depthwise && positions > 1 && !op.bytes.low.empty()) {
+        run_s16_bytes(op, src, images, h, w, channels_last_src, signed_src, src_zero_point, dst, channels_last_out,
+                      out, staging);
+        return;
+    }
     thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     const int64_t wide_size = lpt_s16::widened_size(widening, images, h, w);
     int16_t *widened = wide.get(wide_size + lpt_s16::READ_SLACK);
     std::memset(widened + wide_size, 0, lpt_s16::READ_SLACK * sizeof(int16_t));
-    lpt_s16::widen(src, signed_src, channels_last || !conv || h * w == 1, src_zero_point, widening, images, h, w,
-                   widened, op.threads);
+    lpt_s16::widen(src, signed_src, channels_last_src, src_zero_point, widening, images, h, w, widened, op.threads);
     if ((staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out)) {
         // the output stage as each tile is done: no accumulators in memory, no pass after
         const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;

@@ -1000,6 +1000,194 @@ void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t 
 
 }  // namespace
 
+ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g) {
+    // value v of a kernel row's run is channel v % c4 of kernel column v / c4
+    const int64_t c4 = quad_channels(g), quads = g.kernel_w * c4 / 4, blocks = (g.out_channels + LANES - 1) / LANES;
+    auto weight = [&](int64_t oc, int64_t ky, int64_t v) -> int {
+        const int64_t kx = v / c4, c = v % c4;
+        return oc < g.out_channels && c < g.in_channels ? weights[((oc * g.in_channels + c) * g.kernel_h + ky) * g.kernel_w + kx]
+                                                        : 0;
+    };
+    ByteWeights b;
+    b.low.assign(blocks * g.kernel_h * quads * 4 * LANES, 0);
+    b.sums.assign(blocks * LANES, 0);
+    b.block_high.push_back(0);
+    int8_t *low = b.low.data();
+    for (int64_t block = 0; block < blocks; ++block) {
+        for (int64_t ky = 0; ky < g.kernel_h; ++ky)
+            for (int64_t q = 0; q < quads; ++q, low += 4 * LANES) {
+                int8_t high[4 * LANES] = {};
+                bool any = false;
+                for (int64_t lane = 0; lane < LANES; ++lane) {
+                    const int64_t oc = block * LANES + lane, at = (lane / 8) * 32 + (lane % 8) * 4;  // two vectors of 8 lanes
+                    for (int64_t v = 0; v < 4; v += 2) {
+                        int w[2] = {weight(oc, ky, 4 * q + v), weight(oc, ky, 4 * q + v + 1)}, h[2] = {0, 0};
+                        b.sums[oc] += w[0] + w[1];
+                        while (w[0] * w[1] > 0 && std::abs(w[0]) + std::abs(w[1]) > 128) {
+                            const int k = std::abs(w[0]) >= std::abs(w[1]) ? 0 : 1, sign = w[k] > 0 ? 1 : -1;
+                            w[k] -= 16 * sign, h[k] += sign;
+                        }
+                        for (int k = 0; k < 2; ++k) {
+                            low[at + v + k] = (int8_t)w[k], high[at + v + k] = (int8_t)h[k];
+                            any |= h[k] != 0;
+                        }
+                    }
+                }
+                if (any) {
+                    b.high.insert(b.high.end(), high, high + 4 * LANES);
+                    b.high_at.insert(b.high_at.end(), {(int32_t)ky, (int32_t)q});
+                }
+            }
+        b.block_high.push_back((int64_t)b.high_at.size() / 2);
+    }
+    return b;
+}
+
+bool bytes_pay(const ByteWeights &b, const Geometry &g) {
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, quads = g.kernel_h * g.kernel_w * quad_channels(g) / 4;
+    return 5 * b.block_high.back() <= blocks * quads;
+}
+
+int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w) {
+    return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * quad_channels(g);
+}
+
+void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
+               int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads) {
+    const int64_t c = g.in_channels, c4 = quad_channels(g);
+    const int64_t hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c4;
+    const uint8_t flip = signed_src ? 0x80 : 0, pad = (uint8_t)(zero_point + (signed_src ? 128 : 0));
+    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t) {
+        const int64_t n = t / hp, y = t % hp - g.pad_top;
+        uint8_t *out = padded + t * row;
+        if (y < 0 || y >= h) {  // a row of padding: the zero point everywhere, pad channels too (their weights are 0)
+            std::memset(out, pad, row);
+            return;
+        }
+        std::memset(out, pad, g.pad_left * c4);
+        std::memset(out + (g.pad_left + w) * c4, pad, g.pad_right * c4);
+        uint8_t *interior = out + g.pad_left * c4;
+        if (channels_last) {
+            const uint8_t *in = src + (n * h + y) * w * c;
+            if (c4 == c && !flip) {
+                std::memcpy(interior, in, w * c);
+            } else {
+                for (int64_t x = 0; x < w; ++x) {
+                    for (int64_t k = 0; k < c; ++k) interior[x * c4 + k] = in[x * c + k] ^ flip;
+                    for (int64_t k = c; k < c4; ++k) interior[x * c4 + k] = 0;
+                }
+            }
+        } else {
+            for (int64_t x = 0; x < w; ++x)
+                for (int64_t k = c; k < c4; ++k) interior[x * c4 + k] = 0;
+            for (int64_t k = 0; k < c; ++k) {
+                const uint8_t *in = src + ((n * c + k) * h + y) * w;
+                for (int64_t x = 0; x < w; ++x) interior[x * c4 + k] = in[x] ^ flip;
+            }
+        }
+    });
+}
+
+namespace {
+
+// A tile of T positions × 16 output channels from the bytes (ByteWeights says why each step is exact), into
+// out [T][LANES]: the low weights over every quad of the window, less zp·Σ w, then the high part's blocks.
+template <int T>
+__attribute__((target("avx2"))) void byte_tile(const uint8_t *const *positions, const int8_t *low, const ByteWeights &b,
+                                               int64_t block, int64_t rows, int64_t row_stride, int64_t quads,
+                                               const int32_t *compensation, int32_t *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[T][2];
+    for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
+    const int8_t *w = low;
+    for (int64_t row = 0; row < rows; ++row) {
+        const uint8_t *src[T];
+        for (int j = 0; j < T; ++j) src[j] = positions[j] + row * row_stride;
+        for (int64_t q = 0; q < quads; ++q, w += 4 * LANES) {
+            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
+            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + 32));
+            for (int j = 0; j < T; ++j) {
+                int32_t quad;
+                std::memcpy(&quad, src[j] + 4 * q, sizeof quad);
+                const __m256i s = _mm256_set1_epi32(quad);
+                acc[j][0] = _mm256_add_epi32(acc[j][0], _mm256_madd_epi16(_mm256_maddubs_epi16(s, w0), ones));
+                acc[j][1] = _mm256_add_epi32(acc[j][1], _mm256_madd_epi16(_mm256_maddubs_epi16(s, w1), ones));
+            }
+        }
+    }
+    for (int j = 0; j < T; ++j)
+        for (int k = 0; k < 2; ++k)
+            _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8 * k),
+                               _mm256_sub_epi32(acc[j][k], _mm256_load_si256(reinterpret_cast<const __m256i *>(compensation + 8 * k))));
+    constexpr int64_t HIGH_RUN = 16;  // entries whose products add in int16: 16·255·8 < 2^15
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    for (int64_t e0 = b.block_high[block]; e0 < b.block_high[block + 1]; e0 += HIGH_RUN) {
+        __m256i high[T][2];
+        for (int j = 0; j < T; ++j) high[j][0] = high[j][1] = _mm256_setzero_si256();
+        for (int64_t e = e0; e < std::min(e0 + HIGH_RUN, b.block_high[block + 1]); ++e) {
+            const int64_t offset = b.high_at[2 * e] * row_stride + 4 * b.high_at[2 * e + 1];
+            const int8_t *h = b.high.data() + e * 4 * LANES;
+            const __m256i h0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h));
+            const __m256i h1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h + 32));
+            for (int j = 0; j < T; ++j) {
+                int32_t quad;
+                std::memcpy(&quad, positions[j] + offset, sizeof quad);
+                const __m256i s = _mm256_set1_epi32(quad);
+                high[j][0] = _mm256_add_epi16(high[j][0], _mm256_maddubs_epi16(s, h0));
+                high[j][1] = _mm256_add_epi16(high[j][1], _mm256_maddubs_epi16(s, h1));
+            }
+        }
+        for (int j = 0; j < T; ++j)
+            for (int k = 0; k < 2; ++k) {
+                __m256i *o = reinterpret_cast<__m256i *>(out + j * LANES + 8 * k);
+                _mm256_store_si256(o, _mm256_add_epi32(_mm256_load_si256(o), _mm256_madd_epi16(high[j][k], sixteen)));
+            }
+    }
+}
+
+// Five positions, not TILE: with six, the twelve accumulators, the two weights, the vector of ones, a source and
+// a product need 17 registers, and gcc kept an accumulator on the stack.
+constexpr int BYTE_TILE = 5;
+using ByteTileFunction = void (*)(const uint8_t *const *, const int8_t *, const ByteWeights &, int64_t, int64_t, int64_t,
+                                  int64_t, const int32_t *, int32_t *);
+constexpr ByteTileFunction BYTE_TILES[BYTE_TILE + 1] = {nullptr, byte_tile<1>, byte_tile<2>, byte_tile<3>, byte_tile<4>,
+                                                        byte_tile<5>};
+
+// each_tile's walk over runs of positions and blocks of 16 channels, on the bytes.
+template <typename Sink>
+void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
+                    int64_t images, int64_t h, int64_t w, int threads, const Sink &sink) {
+    const int64_t c4 = quad_channels(g), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
+    const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
+    constexpr int64_t RUN = 10 * BYTE_TILE;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
+    const int64_t quads = g.kernel_w * c4 / 4, block_size = g.kernel_h * quads * 4 * LANES;
+    const int64_t row_stride = g.dilation_h * wp * c4;
+    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c4;
+    const int32_t zp = zero_point + (signed_src ? 128 : 0);
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=, &b](int64_t task) {
+        const int64_t n = task / (blocks * runs), first = task / blocks % runs * RUN, block = task % blocks;
+        const int64_t count = std::min(RUN, positions - first), valid = std::min(LANES, g.out_channels - block * LANES);
+        alignas(32) int32_t compensation[LANES];  // zp·Σ w of each channel
+        for (int64_t k = 0; k < LANES; ++k) compensation[k] = zp * b.sums[block * LANES + k];
+        alignas(32) int32_t acc[RUN * LANES];
+        int64_t oy = first / out_w, ox = first % out_w;
+        for (int64_t t = 0; t < count; t += BYTE_TILE) {
+            const int64_t in_tile = std::min<int64_t>(BYTE_TILE, count - t);
+            const uint8_t *starts[BYTE_TILE];
+            for (int64_t j = 0; j < in_tile; ++j) {
+                starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c4;
+                if (++ox == out_w) ox = 0, ++oy;
+            }
+            BYTE_TILES[in_tile](starts, b.low.data() + block * block_size, b, block, g.kernel_h, row_stride, quads,
+                                compensation, acc + t * LANES);
+        }
+        sink(acc, n * positions + first, count, 1, block * LANES, valid);
+    });
+}
+
+}  // namespace
+
 namespace {
 
 // One position's window for a block of 16 channels: Σ_taps (q − zp)·w, two taps at a time. The two
@@ -1544,6 +1732,19 @@ template void convolve_staged(const int16_t *, const int16_t *, const Geometry &
                               const Epilogue &, void *, int);
 template void convolve_staged(const int16_t *, const int8_t *, const Geometry &, int64_t, int64_t, int64_t,
                               const Epilogue &, void *, int);
+
+void convolve_bytes(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
+                    int64_t images, int64_t h, int64_t w, int32_t *acc, int threads) {
+    write_accumulators(
+        [&](const auto &sink) { each_byte_tile(padded, b, zero_point, signed_src, g, images, h, w, threads, sink); }, g, acc);
+}
+
+void convolve_bytes_staged(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src,
+                           const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e, void *out,
+                           int threads) {
+    write_staged([&](const auto &sink) { each_byte_tile(padded, b, zero_point, signed_src, g, images, h, w, threads, sink); },
+                 g, e, out);
+}
 
 NarrowWeights narrow_weights(const PackedWeights &packed) {
     return NarrowWeights(packed.begin(), packed.end());  // int8 weights, packed as int16: every value fits
