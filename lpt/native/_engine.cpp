@@ -372,7 +372,7 @@ struct Operation {
     lpt_s16::PackedWeights winograd_packed;
     lpt_s16::PackedWeights packed;
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
-    lpt_s16::ByteWeights bytes;     // for the direct kernel on bytes, where it runs (prepare_s16)
+    lpt_s16::ByteWeights bytes;     // for the direct kernel on bytes, where it runs (take_bytes)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
@@ -1421,25 +1421,24 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
 // (a residual join after a convolution: join_in_bands).
 using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
 
-// run_s16 where the direct kernel on bytes takes the layer: the source padded as bytes, then as run_s16.
+// run_s16 where the direct kernel on bytes takes the layer: the source padded as bytes, then the kernel with
+// `staged`'s output stage in it, or into accumulators that finish_as takes to dst.
 void run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, bool channels_last,
-                   bool signed_src, int src_zero_point, Dst dst, bool channels_last_out, void *out,
-                   const lpt_s16::Epilogue *staging) {
+                   bool signed_src, int src_zero_point, const lpt_s16::Epilogue *staged, Dst dst,
+                   bool channels_first_out, void *out) {
     const lpt_s16::Geometry &g = op.geometry;
-    const bool conv = op.kind == Kind::conv;
     thread_local Scratch<uint8_t> bytes;
     uint8_t *padded = bytes.get(lpt_s16::padded_bytes_size(g, images, h, w));
     lpt_s16::pad_bytes(src, signed_src, channels_last, src_zero_point, g, images, h, w, padded, op.threads);
-    if ((staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out)) {
-        lpt_s16::convolve_bytes_staged(padded, op.bytes, src_zero_point, signed_src, g, images, h, w,
-                                       staging ? *staging : op.epilogue, out, op.threads);
+    if (staged) {
+        lpt_s16::convolve_bytes_staged(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, *staged, out,
+                                       op.threads);
     } else {
-        const int64_t positions = conv ? g.out_h(h) * g.out_w(w) : w;
+        const int64_t positions = op.kind == Kind::conv ? g.out_h(h) * g.out_w(w) : w;
         thread_local Scratch<int32_t> accumulators;
         int32_t *acc = accumulators.get((size_t)(images * positions * op.out_channels));
         lpt_s16::convolve_bytes(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, acc, op.threads);
-        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels, conv && !channels_last_out, out,
-                  op.threads);
+        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels, channels_first_out, out, op.threads);
         if (accumulators.bytes() > KEEP_SCRATCH_BYTES) accumulators.release();
     }
     op.last_impl = "lpt:s16_bytes_avx2";
@@ -1463,25 +1462,26 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     // reuse the same cache-warm memory instead of each keeping its own.
     const bool winograd = op.winograd == Operation::Winograd::always ||
                           (op.winograd == Operation::Winograd::automatic && lpt_s16::winograd_pays(g, h, w));
+    const bool channels_last_src = channels_last || !conv || h * w == 1;
+    // the output stage as each tile is done: no accumulators in memory, no pass after
+    const bool staged = (staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out);
+    const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;
+    if (!winograd && !op.depthwise && positions > 1 && !op.bytes.low.empty()) {
+        run_s16_bytes(op, src, images, h, w, channels_last_src, signed_src, src_zero_point,
+                      staged ? &epilogue : nullptr, dst, conv && !channels_last_out, out);
+        return;
+    }
     lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
     const bool narrow = !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
     if (weights.empty() && !narrow)
         weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
-    const bool channels_last_src = channels_last || !conv || h * w == 1;
-    if (!winograd && !op.depthwise && positions > 1 && !op.bytes.low.empty()) {
-        run_s16_bytes(op, src, images, h, w, channels_last_src, signed_src, src_zero_point, dst, channels_last_out,
-                      out, staging);
-        return;
-    }
     thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     const int64_t wide_size = lpt_s16::widened_size(widening, images, h, w);
     int16_t *widened = wide.get(wide_size + lpt_s16::READ_SLACK);
     std::memset(widened + wide_size, 0, lpt_s16::READ_SLACK * sizeof(int16_t));
     lpt_s16::widen(src, signed_src, channels_last_src, src_zero_point, widening, images, h, w, widened, op.threads);
-    if ((staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out)) {
-        // the output stage as each tile is done: no accumulators in memory, no pass after
-        const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;
+    if (staged) {
         if (narrow) {
             lpt_s16::convolve_staged(widened, op.narrow.data(), g, images, h, w, epilogue, out, op.threads);
         } else {

@@ -1001,12 +1001,10 @@ void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t 
 }  // namespace
 
 ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g) {
-    // value v of a kernel row's run is channel v % c4 of kernel column v / c4
-    const int64_t c4 = quad_channels(g), quads = g.kernel_w * c4 / 4, blocks = (g.out_channels + LANES - 1) / LANES;
+    // value v of a kernel row's run is channel v % C of kernel column v / C
+    const int64_t c = g.in_channels, quads = g.kernel_w * c / 4, blocks = (g.out_channels + LANES - 1) / LANES;
     auto weight = [&](int64_t oc, int64_t ky, int64_t v) -> int {
-        const int64_t kx = v / c4, c = v % c4;
-        return oc < g.out_channels && c < g.in_channels ? weights[((oc * g.in_channels + c) * g.kernel_h + ky) * g.kernel_w + kx]
-                                                        : 0;
+        return oc < g.out_channels ? weights[((oc * c + v % c) * g.kernel_h + ky) * g.kernel_w + v / c] : 0;
     };
     ByteWeights b;
     b.low.assign(blocks * g.kernel_h * quads * 4 * LANES, 0);
@@ -1044,45 +1042,38 @@ ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g) {
 }
 
 bool bytes_pay(const ByteWeights &b, const Geometry &g) {
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, quads = g.kernel_h * g.kernel_w * quad_channels(g) / 4;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, quads = g.kernel_h * g.kernel_w * g.in_channels / 4;
     return 5 * b.block_high.back() <= blocks * quads;
 }
 
 int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w) {
-    return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * quad_channels(g);
+    return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * g.in_channels;
 }
 
 void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
                int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads) {
-    const int64_t c = g.in_channels, c4 = quad_channels(g);
-    const int64_t hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c4;
+    const int64_t c = g.in_channels, hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c;
     const uint8_t flip = signed_src ? 0x80 : 0, pad = (uint8_t)(zero_point + (signed_src ? 128 : 0));
     lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t) {
         const int64_t n = t / hp, y = t % hp - g.pad_top;
         uint8_t *out = padded + t * row;
-        if (y < 0 || y >= h) {  // a row of padding: the zero point everywhere, pad channels too (their weights are 0)
+        if (y < 0 || y >= h) {  // a row of padding
             std::memset(out, pad, row);
             return;
         }
-        std::memset(out, pad, g.pad_left * c4);
-        std::memset(out + (g.pad_left + w) * c4, pad, g.pad_right * c4);
-        uint8_t *interior = out + g.pad_left * c4;
+        std::memset(out, pad, g.pad_left * c);
+        std::memset(out + (g.pad_left + w) * c, pad, g.pad_right * c);
+        uint8_t *interior = out + g.pad_left * c;
         if (channels_last) {
             const uint8_t *in = src + (n * h + y) * w * c;
-            if (c4 == c && !flip) {
+            if (flip)
+                for (int64_t i = 0; i < w * c; ++i) interior[i] = in[i] ^ flip;
+            else
                 std::memcpy(interior, in, w * c);
-            } else {
-                for (int64_t x = 0; x < w; ++x) {
-                    for (int64_t k = 0; k < c; ++k) interior[x * c4 + k] = in[x * c + k] ^ flip;
-                    for (int64_t k = c; k < c4; ++k) interior[x * c4 + k] = 0;
-                }
-            }
         } else {
-            for (int64_t x = 0; x < w; ++x)
-                for (int64_t k = c; k < c4; ++k) interior[x * c4 + k] = 0;
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
-                for (int64_t x = 0; x < w; ++x) interior[x * c4 + k] = in[x] ^ flip;
+                for (int64_t x = 0; x < w; ++x) interior[x * c + k] = in[x] ^ flip;
             }
         }
     });
@@ -1157,13 +1148,13 @@ constexpr ByteTileFunction BYTE_TILES[BYTE_TILE + 1] = {nullptr, byte_tile<1>, b
 template <typename Sink>
 void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
                     int64_t images, int64_t h, int64_t w, int threads, const Sink &sink) {
-    const int64_t c4 = quad_channels(g), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
+    const int64_t c = g.in_channels, wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     constexpr int64_t RUN = 10 * BYTE_TILE;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
-    const int64_t quads = g.kernel_w * c4 / 4, block_size = g.kernel_h * quads * 4 * LANES;
-    const int64_t row_stride = g.dilation_h * wp * c4;
-    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c4;
+    const int64_t quads = g.kernel_w * c / 4, block_size = g.kernel_h * quads * 4 * LANES;
+    const int64_t row_stride = g.dilation_h * wp * c;
+    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c;
     const int32_t zp = zero_point + (signed_src ? 128 : 0);
     lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=, &b](int64_t task) {
         const int64_t n = task / (blocks * runs), first = task / blocks % runs * RUN, block = task % blocks;
@@ -1176,7 +1167,7 @@ void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point,
             const int64_t in_tile = std::min<int64_t>(BYTE_TILE, count - t);
             const uint8_t *starts[BYTE_TILE];
             for (int64_t j = 0; j < in_tile; ++j) {
-                starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c4;
+                starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c;
                 if (++ox == out_w) ox = 0, ++oy;
             }
             BYTE_TILES[in_tile](starts, b.low.data() + block * block_size, b, block, g.kernel_h, row_stride, quads,

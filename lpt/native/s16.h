@@ -97,9 +97,8 @@ struct ByteWeights {
     std::vector<int64_t> block_high;   // block b's entries: [block_high[b], block_high[b + 1])
     std::vector<int32_t> sums;         // Σ w per output channel, padded to 16
 };
-inline int64_t quad_channels(const Geometry &g) { return (g.in_channels + 3) & ~int64_t(3); }
 // Whether convolve_bytes can run g: a direct convolution whose kernel rows are contiguous runs, of whole quads
-// (a stem's 3 channels would read a fourth of zeros, and the int16 kernel pairs its runs whole).
+// of channels (a stem's 3 channels would read a fourth of zeros, and the int16 kernel pairs its runs whole).
 inline bool bytes_fit(const Geometry &g) { return g.dilation_w == 1 && g.in_channels % 4 == 0; }
 ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g);
 // Whether the bytes beat the int16 kernel with these weights: where at most a fifth of the blocks of 4 inputs ×
@@ -108,7 +107,7 @@ ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g);
 // the median); from 0.5 on, 0.93-1.68.
 bool bytes_pay(const ByteWeights &b, const Geometry &g);
 // The source as convolve_bytes reads it: q (q + 128 signed), channels-last, padded spatially with the zero
-// point (+ 128 signed) and with zeros to quad_channels, [images, H + pads, W + pads, quad_channels].
+// point (+ 128 signed), [images, H + pads, W + pads, C].
 int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w);
 void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
                int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads);
