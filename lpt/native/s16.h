@@ -82,14 +82,14 @@ void convolve(const int16_t *wide, const W *packed, const Geometry &g, int64_t i
 // The direct kernel on bytes (convolve_bytes): vpmaddubsw multiplies the source's bytes by int8 weights and adds
 // each pair of products in int16, with saturation, which 255·(|w1| + |w2|) ≤ 32 640 rules out; then vpmaddwd
 // by ones widens to int32. Per pair of weights of one output channel with the same sign and |w1| + |w2| > 128
-// (a fifth to a quarter of the blocks of 4 inputs × 16 outputs in PaddleOCR's models hold one), 16 is taken
+// (0.21 and 0.28 of the blocks of 4 inputs × 16 outputs in PaddleOCR's two models hold one), 16 is taken
 // from the larger of the two until |w1| + |w2| ≤ 128 (at most 8 times): the `low` weights, exact as above.
 // What was taken, h (|h1| + |h2| ≤ 8, so 255·8 per pair), is the `high` part, kept only for the blocks that
 // have one: their products add in int16 over 16 blocks at most (16·2040 < 2^15), then widen by 16. The
 // source is q, not q − zero point: Σ (q − zp)·w = Σ q·w − zp·Σ w, the second term per output channel, with
 // spatial padding holding zp (so it adds nothing) and a signed source read as q + 128 (its zp + 128).
-// Measured on a Zen 3 (one core, a 6-position × 16-channel tile over 384 inputs): the int16 kernel 35-44
-// GMAC/s, this one 53-69 (with a high part in half and in a quarter of the blocks), vpmaddubsw alone 58-80.
+// Measured on a Zen 3 (one core, a tile of 6 positions × 16 channels over 384 inputs in a program of its own):
+// vpmaddwd on int16 35-44 GMAC/s, vpmaddubsw 58-80, and 53-69 with a high part in half or a quarter of the blocks.
 struct ByteWeights {
     std::vector<int8_t, CacheLineAllocator<int8_t>> low;   // [block][kernel row][quad][2][8 channels][4 inputs]
     std::vector<int8_t, CacheLineAllocator<int8_t>> high;  // the same 64 bytes for each entry of `high_at`
@@ -111,6 +111,7 @@ bool bytes_pay(const ByteWeights &b, const Geometry &g);
 int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w);
 void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
                int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads);
+
 // Depthwise convolutions (one input and one output channel per group): the same widened source,
 // weights [C, 1, KH, KW] packed per block of 16 channels and pair of taps (kh·kw in order, the last
 // one paired with zeros when odd) as [block][pair][2][16], channels interleaved as two taps' sources
