@@ -98,7 +98,7 @@ def test_the_largest_sums_stay_exact_and_longer_reductions_take_the_direct_kerne
 
 def test_by_default_winograd_runs_on_maps_where_it_pays(monkeypatch):
     monkeypatch.delenv("LPT_WINOGRAD", raising=False)
-    monkeypatch.setenv("LPT_S16_BYTES", "0")  # the direct kernel on int16, as CI's pass forcing the bytes has it
+    monkeypatch.setenv("LPT_S16_BYTES", "0")  # the int16 direct kernel, whatever CI's s16 pass sets
     rng = np.random.default_rng(3)
     weights = rng.integers(-128, 128, (24, 16, 3, 3)).astype(np.int8)
     operation = lpt.native.Conv(weights, pads=(1, 1, 1, 1), src_zero_point=9, route="s16", threads=2)
