@@ -1421,26 +1421,34 @@ bool gather_single_value_rows(const Operation &op, const uint8_t *src, bool sign
 // (a residual join after a convolution: join_in_bands).
 using RowsDone = std::function<void(int64_t first_row, int64_t end_row, int threads)>;
 
+// Route s16's int32 accumulators [images, positions, OC], from accumulate(acc), through finish_as into dst: where
+// the output stage does not run in the kernel. One scratch per calling thread for both of s16's kernels, as execute's.
+template <typename Accumulate>
+void finish_s16(Operation &op, int64_t images, int64_t positions, Dst dst, bool channels_first_out, void *out,
+                const Accumulate &accumulate) {
+    thread_local Scratch<int32_t> accumulators;
+    int32_t *acc = accumulators.get((size_t)(images * positions * op.out_channels));
+    accumulate(acc);
+    finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels, channels_first_out, out, op.threads);
+    if (accumulators.bytes() > KEEP_SCRATCH_BYTES) accumulators.release();
+}
+
 // run_s16 where the direct kernel on bytes takes the layer: the source padded as bytes, then the kernel with
-// `staged`'s output stage in it, or into accumulators that finish_as takes to dst.
-void run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, bool channels_last,
-                   bool signed_src, int src_zero_point, const lpt_s16::Epilogue *staged, Dst dst,
+// `staged`'s output stage in it, or finish_s16.
+void run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, int64_t positions,
+                   bool channels_last, bool signed_src, int src_zero_point, const lpt_s16::Epilogue *staged, Dst dst,
                    bool channels_first_out, void *out) {
     const lpt_s16::Geometry &g = op.geometry;
     thread_local Scratch<uint8_t> bytes;
     uint8_t *padded = bytes.get(lpt_s16::padded_bytes_size(g, images, h, w));
     lpt_s16::pad_bytes(src, signed_src, channels_last, src_zero_point, g, images, h, w, padded, op.threads);
-    if (staged) {
+    if (staged)
         lpt_s16::convolve_bytes_staged(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, *staged, out,
                                        op.threads);
-    } else {
-        const int64_t positions = op.kind == Kind::conv ? g.out_h(h) * g.out_w(w) : w;
-        thread_local Scratch<int32_t> accumulators;
-        int32_t *acc = accumulators.get((size_t)(images * positions * op.out_channels));
-        lpt_s16::convolve_bytes(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, acc, op.threads);
-        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels, channels_first_out, out, op.threads);
-        if (accumulators.bytes() > KEEP_SCRATCH_BYTES) accumulators.release();
-    }
+    else
+        finish_s16(op, images, positions, dst, channels_first_out, out, [&](int32_t *acc) {
+            lpt_s16::convolve_bytes(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, acc, op.threads);
+        });
     op.last_impl = "lpt:s16_bytes_avx2";
     if (bytes.bytes() > KEEP_WIDENED_BYTES) bytes.release();
 }
@@ -1467,7 +1475,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const bool staged = (staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out);
     const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;
     if (!winograd && !op.depthwise && positions > 1 && !op.bytes.low.empty()) {
-        run_s16_bytes(op, src, images, h, w, channels_last_src, signed_src, src_zero_point,
+        run_s16_bytes(op, src, images, h, w, positions, channels_last_src, signed_src, src_zero_point,
                       staged ? &epilogue : nullptr, dst, conv && !channels_last_out, out);
         return;
     }
@@ -1491,18 +1499,15 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             staged(widened, weights.data(), g, images, h, w, epilogue, out, op.threads);
         }
     } else {
-        thread_local Scratch<int32_t> accumulators;  // the calling thread's, as execute's
-        int32_t *acc = accumulators.get(items);
-        if (narrow) {
-            lpt_s16::convolve(widened, op.narrow.data(), g, images, h, w, acc, op.threads);
-        } else {
-            const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd
-                                  : lpt_s16::convolve<int16_t>;
-            accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
-        }
-        finish_as(dst, op.stage, acc, nullptr, images, positions, op.out_channels,
-                  conv && !channels_last_out, out, op.threads);
-        if (accumulators.bytes() > KEEP_SCRATCH_BYTES) accumulators.release();
+        finish_s16(op, images, positions, dst, conv && !channels_last_out, out, [&](int32_t *acc) {
+            if (narrow) {
+                lpt_s16::convolve(widened, op.narrow.data(), g, images, h, w, acc, op.threads);
+            } else {
+                const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd
+                                      : lpt_s16::convolve<int16_t>;
+                accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
+            }
+        });
     }
     op.last_impl = winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
     if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();

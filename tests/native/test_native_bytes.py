@@ -22,7 +22,7 @@ BYTES, INT16 = "lpt:s16_bytes_avx2", "lpt:s16_avx2"
 
 # not on exact_routes(): a kernel on bytes that saturated would fail s16's probe, and these tests would skip
 pytestmark = pytest.mark.skipif(lpt.native.available() and not lpt.native.engine.s16_supported(),
-                                reason="route s16 needs AVX2")
+                                reason="this CPU has no AVX2, so it has no s16 route to run the kernel on bytes")
 
 
 @contextlib.contextmanager
