@@ -27,15 +27,17 @@ pytestmark = pytest.mark.skipif(lpt.native.available() and not lpt.native.engine
 
 @contextlib.contextmanager
 def bytes_kernel(choice: str | None):
-    before = os.environ.pop("LPT_S16_BYTES", None)
-    if choice is not None:
-        os.environ["LPT_S16_BYTES"] = choice
+    """LPT_S16_BYTES as `choice` (unset with None), and LPT_WINOGRAD=0 so that a 3×3 layer takes a direct kernel."""
+    values = {"LPT_S16_BYTES": choice, "LPT_WINOGRAD": "0"}
+    before = {name: os.environ.pop(name, None) for name in values}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
     try:
         yield
     finally:
-        os.environ.pop("LPT_S16_BYTES", None)
-        if before is not None:
-            os.environ["LPT_S16_BYTES"] = before
+        for name, value in before.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def weights_of(kind: str, rng, shape) -> np.ndarray:
