@@ -373,6 +373,7 @@ struct Operation {
     lpt_s16::PackedWeights packed;
     lpt_s16::NarrowWeights narrow;  // in place of `packed` where those are many (narrow_large_weights)
     lpt_s16::ByteWeights bytes;     // for the direct kernel on bytes, where it runs (take_bytes)
+    bool bytes_always = false;      // whatever the source (LPT_S16_BYTES=1)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
@@ -1217,14 +1218,16 @@ void prepare_few_rows(Operation &op) {
     op.few_rows = lpt_few_rows::pack(op.weights.data(), op.in_channels, op.out_channels);
 }
 
-// Whether route s16 runs a direct convolution on bytes (lpt_s16::ByteWeights): where they fit and its weights
-// make it pay; always where they fit with LPT_S16_BYTES=1, never with 0 (so that tests run both on any CPU).
+// Whether route s16 runs a direct convolution on bytes (lpt_s16::ByteWeights): where they fit, with more than 8
+// output channels (the int16 kernel's half tiles compute 8 alone), and the source mostly within the kernel's
+// window (lpt_s16::pad_bytes); LPT_S16_BYTES=1 takes it wherever it fits, whatever the source, 0 never (so that
+// tests run both kernels on any CPU, and the values outside the window by the thousand).
 void take_bytes(Operation &op, const int8_t *weights) {
     const char *choice = std::getenv("LPT_S16_BYTES");
     const std::string c = choice ? choice : "";
-    if (c == "0" || !lpt_s16::bytes_fit(op.geometry)) return;
-    lpt_s16::ByteWeights bytes = lpt_s16::pack_byte_weights(weights, op.geometry);
-    if (c == "1" || lpt_s16::bytes_pay(bytes, op.geometry)) op.bytes = std::move(bytes);
+    if (c == "0" || !lpt_s16::bytes_fit(op.geometry) || (c != "1" && op.geometry.out_channels <= 8)) return;
+    op.bytes = lpt_s16::pack_byte_weights(weights, op.geometry);
+    op.bytes_always = c == "1";
 }
 
 // Route s16's geometry and packed weights.
@@ -1434,23 +1437,29 @@ void finish_s16(Operation &op, int64_t images, int64_t positions, Dst dst, bool 
 }
 
 // run_s16 where the direct kernel on bytes takes the layer: the source padded as bytes, then the kernel with
-// `staged`'s output stage in it, or finish_s16.
-void run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, int64_t positions,
+// `staged`'s output stage in it, or finish_s16. False, having run nothing, where too much of the source lies
+// outside the kernel's window (lpt_s16::pad_bytes).
+bool run_s16_bytes(Operation &op, const uint8_t *src, int64_t images, int64_t h, int64_t w, int64_t positions,
                    bool channels_last, bool signed_src, int src_zero_point, const lpt_s16::Epilogue *staged, Dst dst,
                    bool channels_first_out, void *out) {
     const lpt_s16::Geometry &g = op.geometry;
     thread_local Scratch<uint8_t> bytes;
+    thread_local lpt_s16::Outside outside;
     uint8_t *padded = bytes.get(lpt_s16::padded_bytes_size(g, images, h, w));
-    lpt_s16::pad_bytes(src, signed_src, channels_last, src_zero_point, g, images, h, w, padded, op.threads);
-    if (staged)
-        lpt_s16::convolve_bytes_staged(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, *staged, out,
-                                       op.threads);
-    else
+    const bool windowed = lpt_s16::pad_bytes(src, signed_src, channels_last, src_zero_point, g, images, h, w,
+                                             op.bytes_always, padded, outside, op.threads);
+    if (windowed && staged)
+        lpt_s16::convolve_bytes_staged(padded, outside, op.bytes, src_zero_point, signed_src, g, images, h, w, *staged,
+                                       out, op.threads);
+    else if (windowed)
         finish_s16(op, images, positions, dst, channels_first_out, out, [&](int32_t *acc) {
-            lpt_s16::convolve_bytes(padded, op.bytes, src_zero_point, signed_src, g, images, h, w, acc, op.threads);
+            lpt_s16::convolve_bytes(padded, outside, op.bytes, src_zero_point, signed_src, g, images, h, w, acc,
+                                    op.threads);
         });
-    op.last_impl = "lpt:s16_bytes_avx2";
+    if (windowed) op.last_impl = "lpt:s16_bytes_avx2";
     if (bytes.bytes() > KEEP_WIDENED_BYTES) bytes.release();
+    if (outside.values.size() * sizeof(lpt_s16::OutsideValue) > KEEP_WIDENED_BYTES) outside.values = {};
+    return windowed;
 }
 
 // Route s16: widen the source, convolve with lpt's kernel, then the output stage, as the other routes. With
@@ -1474,11 +1483,10 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     // the output stage as each tile is done: no accumulators in memory, no pass after
     const bool staged = (staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out);
     const lpt_s16::Epilogue &epilogue = staging ? *staging : op.epilogue;
-    if (!winograd && !op.depthwise && positions > 1 && !op.bytes.low.empty()) {
+    if (!winograd && !op.depthwise && positions > 1 && !op.bytes.packed.empty() &&
         run_s16_bytes(op, src, images, h, w, positions, channels_last_src, signed_src, src_zero_point,
-                      staged ? &epilogue : nullptr, dst, conv && !channels_last_out, out);
+                      staged ? &epilogue : nullptr, dst, conv && !channels_last_out, out))
         return;
-    }
     lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
     const bool narrow = !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
     if (weights.empty() && !narrow)

@@ -1003,60 +1003,95 @@ void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t 
 ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g) {
     // value v of a kernel row's run is channel v % C of kernel column v / C
     const int64_t c = g.in_channels, quads = g.kernel_w * c / 4, blocks = (g.out_channels + LANES - 1) / LANES;
-    auto weight = [&](int64_t oc, int64_t ky, int64_t v) -> int {
+    const int64_t padded_out = blocks * LANES;
+    auto weight = [&](int64_t oc, int64_t ky, int64_t v) -> int8_t {
         return oc < g.out_channels ? weights[((oc * c + v % c) * g.kernel_h + ky) * g.kernel_w + v / c] : 0;
     };
     ByteWeights b;
-    b.low.assign(blocks * g.kernel_h * quads * 4 * LANES, 0);
-    b.sums.assign(blocks * LANES, 0);
-    b.block_high.push_back(0);
-    int8_t *low = b.low.data();
-    for (int64_t block = 0; block < blocks; ++block) {
+    b.packed.assign(blocks * g.kernel_h * quads * 4 * LANES, 0);
+    b.by_input.assign(g.kernel_h * g.kernel_w * c * padded_out, 0);
+    b.sums.assign(padded_out, 0);
+    int8_t *packed = b.packed.data();
+    for (int64_t block = 0; block < blocks; ++block)
         for (int64_t ky = 0; ky < g.kernel_h; ++ky)
-            for (int64_t q = 0; q < quads; ++q, low += 4 * LANES) {
-                int8_t high[4 * LANES] = {};
-                bool any = false;
+            for (int64_t q = 0; q < quads; ++q, packed += 4 * LANES)
                 for (int64_t lane = 0; lane < LANES; ++lane) {
                     const int64_t oc = block * LANES + lane, at = (lane / 8) * 32 + (lane % 8) * 4;  // two vectors of 8 lanes
-                    for (int64_t v = 0; v < 4; v += 2) {
-                        int w[2] = {weight(oc, ky, 4 * q + v), weight(oc, ky, 4 * q + v + 1)}, h[2] = {0, 0};
-                        b.sums[oc] += w[0] + w[1];
-                        while (w[0] * w[1] > 0 && std::abs(w[0]) + std::abs(w[1]) > 128) {
-                            const int k = std::abs(w[0]) >= std::abs(w[1]) ? 0 : 1, sign = w[k] > 0 ? 1 : -1;
-                            w[k] -= 16 * sign, h[k] += sign;
-                        }
-                        for (int k = 0; k < 2; ++k) {
-                            low[at + v + k] = (int8_t)w[k], high[at + v + k] = (int8_t)h[k];
-                            any |= h[k] != 0;
-                        }
+                    for (int64_t v = 0; v < 4; ++v) {
+                        const int8_t value = weight(oc, ky, 4 * q + v);
+                        packed[at + v] = value;
+                        b.sums[oc] += value;
+                        b.by_input[(ky * quads * 4 + 4 * q + v) * padded_out + oc] = value;
                     }
                 }
-                if (any) {
-                    b.high.insert(b.high.end(), high, high + 4 * LANES);
-                    b.high_at.insert(b.high_at.end(), {(int32_t)ky, (int32_t)q});
-                }
-            }
-        b.block_high.push_back((int64_t)b.high_at.size() / 2);
-    }
     return b;
-}
-
-bool bytes_pay(const ByteWeights &b, const Geometry &g) {
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, quads = g.kernel_h * g.kernel_w * g.in_channels / 4;
-    return 5 * b.block_high.back() <= blocks * quads;
 }
 
 int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w) {
     return images * (h + g.pad_top + g.pad_bottom) * (w + g.pad_left + g.pad_right) * g.in_channels;
 }
 
-void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
-               int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads) {
+namespace {
+
+// r = clamp(u − t, 0, 127) of n values u (src ^ flip) into out; those outside the window onto `outside` (by
+// index, channel and excess). The number outside, or past `room` as soon as it is (the rest not written).
+__attribute__((target("avx2"))) int64_t window_values(const uint8_t *src, int64_t n, uint8_t flip, uint8_t t, int64_t c,
+                                                      int64_t first_index, uint8_t *out, OutsideValue *outside,
+                                                      int64_t room) {
+    const __m256i flips = _mm256_set1_epi8((char)flip), starts = _mm256_set1_epi8((char)t);
+    const __m256i widest = _mm256_set1_epi8(127);
+    int64_t found = 0;
+    auto note = [&](int64_t i, int u) {
+        const int r = std::clamp(u - t, 0, 127);
+        out[i] = (uint8_t)r;
+        if (r == u - t) return;
+        if (found < room) {
+            const int64_t index = first_index + i;
+            outside[found] = {(int32_t)(index / c), (int16_t)(index % c), (int16_t)(u - t - r)};
+        }
+        ++found;
+    };
+    int64_t i = 0;
+    for (; i + 32 <= n && found <= room; i += 32) {
+        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i)), flips);
+        const __m256i r = _mm256_min_epu8(_mm256_subs_epu8(u, starts), widest);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), r);
+        const unsigned inside = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_add_epi8(r, starts), u));
+        if (inside != 0xFFFFFFFFu)
+            for (int k = 0; k < 32; ++k)
+                if (!(inside >> k & 1)) note(i + k, src[i + k] ^ flip);
+    }
+    for (; i < n && found <= room; ++i) note(i, src[i] ^ flip);
+    return found;
+}
+
+}  // namespace
+
+bool pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
+               int64_t images, int64_t h, int64_t w, bool always, uint8_t *padded, Outside &outside, int threads) {
     const int64_t c = g.in_channels, hp = h + g.pad_top + g.pad_bottom, wp = w + g.pad_left + g.pad_right, row = wp * c;
-    const uint8_t flip = signed_src ? 0x80 : 0, pad = (uint8_t)(zero_point + (signed_src ? 128 : 0));
-    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t) {
-        const int64_t n = t / hp, y = t % hp - g.pad_top;
-        uint8_t *out = padded + t * row;
+    const int start = window_start(zero_point, signed_src);
+    const uint8_t flip = signed_src ? 0x80 : 0, t = (uint8_t)start;
+    const uint8_t pad = (uint8_t)(zero_point + (signed_src ? 128 : 0) - start);  // the zero point's r
+    const int64_t values_in = images * h * w * c;
+    if (!always) {  // a sample first (the values' layout aside): a source far outside costs no pass
+        const int64_t samples = std::min<int64_t>(values_in, 1024), step = values_in / samples;
+        int64_t out_of_window = 0;
+        for (int64_t i = 0; i < samples; ++i) {
+            const int u = src[i * step] ^ flip;
+            out_of_window += u < start || u > start + 127;
+        }
+        if (64 * out_of_window > samples) return false;
+    }
+    outside.capacity = always ? w * c : std::max<int64_t>(16, w * c / 64);
+    outside.counts.assign(images * hp, 0);
+    if ((int64_t)outside.values.size() < images * hp * outside.capacity) outside.values.resize(images * hp * outside.capacity);
+    int32_t *counts = outside.counts.data();
+    OutsideValue *values = outside.values.data();
+    const int64_t capacity = outside.capacity;
+    lpt_parallel::for_each(images * hp * row >= PARALLEL_WORK ? threads : 1, images * hp, [=](int64_t t_row) {
+        const int64_t n = t_row / hp, y = t_row % hp - g.pad_top;
+        uint8_t *out = padded + t_row * row;
         if (y < 0 || y >= h) {  // a row of padding
             std::memset(out, pad, row);
             return;
@@ -1064,33 +1099,42 @@ void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero
         std::memset(out, pad, g.pad_left * c);
         std::memset(out + (g.pad_left + w) * c, pad, g.pad_right * c);
         uint8_t *interior = out + g.pad_left * c;
+        OutsideValue *row_outside = values + t_row * capacity;
+        int64_t found;
         if (channels_last) {
-            const uint8_t *in = src + (n * h + y) * w * c;
-            if (flip)
-                for (int64_t i = 0; i < w * c; ++i) interior[i] = in[i] ^ flip;
-            else
-                std::memcpy(interior, in, w * c);
+            found = window_values(src + (n * h + y) * w * c, w * c, flip, t, c, g.pad_left * c, interior, row_outside,
+                                  capacity);
         } else {
+            thread_local std::vector<uint8_t> gathered;  // the row channels-last, then windowed as above
+            gathered.resize(w * c);
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
-                for (int64_t x = 0; x < w; ++x) interior[x * c + k] = in[x] ^ flip;
+                for (int64_t x = 0; x < w; ++x) gathered[x * c + k] = in[x];
             }
+            found = window_values(gathered.data(), w * c, flip, t, c, g.pad_left * c, interior, row_outside, capacity);
         }
+        counts[t_row] = (int32_t)std::min<int64_t>(found, INT32_MAX);
     });
+    int64_t total = 0;
+    for (int64_t i = 0; i < images * hp; ++i) {
+        if (counts[i] > capacity) return false;
+        total += counts[i];
+    }
+    return always || 128 * total <= values_in;
 }
 
 namespace {
 
 // A tile of T positions × 16 output channels from the bytes (ByteWeights says why each step is exact), into
-// out [T][LANES]: the low weights over every quad of the window, less zp·Σ w, then the high part's blocks.
+// out [T][LANES]: Σ r·w over the window's quads, less (zp − t)·Σ w (`compensation`).
 template <int T>
-__attribute__((target("avx2"))) void byte_tile(const uint8_t *const *positions, const int8_t *low, const ByteWeights &b,
-                                               int64_t block, int64_t rows, int64_t row_stride, int64_t quads,
-                                               const int32_t *compensation, int32_t *out) {
+__attribute__((target("avx2"))) void byte_tile(const uint8_t *const *positions, const int8_t *weights, int64_t rows,
+                                               int64_t row_stride, int64_t quads, const int32_t *compensation,
+                                               int32_t *out) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[T][2];
     for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
-    const int8_t *w = low;
+    const int8_t *w = weights;
     for (int64_t row = 0; row < rows; ++row) {
         const uint8_t *src[T];
         for (int j = 0; j < T; ++j) src[j] = positions[j] + row * row_stride;
@@ -1110,44 +1154,52 @@ __attribute__((target("avx2"))) void byte_tile(const uint8_t *const *positions, 
         for (int k = 0; k < 2; ++k)
             _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8 * k),
                                _mm256_sub_epi32(acc[j][k], _mm256_load_si256(reinterpret_cast<const __m256i *>(compensation + 8 * k))));
-    constexpr int64_t HIGH_RUN = 16;  // entries whose products add in int16: 16·255·8 < 2^15
-    const __m256i sixteen = _mm256_set1_epi16(16);
-    for (int64_t e0 = b.block_high[block]; e0 < b.block_high[block + 1]; e0 += HIGH_RUN) {
-        __m256i high[T][2];
-        for (int j = 0; j < T; ++j) high[j][0] = high[j][1] = _mm256_setzero_si256();
-        for (int64_t e = e0; e < std::min(e0 + HIGH_RUN, b.block_high[block + 1]); ++e) {
-            const int64_t offset = b.high_at[2 * e] * row_stride + 4 * b.high_at[2 * e + 1];
-            const int8_t *h = b.high.data() + e * 4 * LANES;
-            const __m256i h0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h));
-            const __m256i h1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(h + 32));
-            for (int j = 0; j < T; ++j) {
-                int32_t quad;
-                std::memcpy(&quad, positions[j] + offset, sizeof quad);
-                const __m256i s = _mm256_set1_epi32(quad);
-                high[j][0] = _mm256_add_epi16(high[j][0], _mm256_maddubs_epi16(s, h0));
-                high[j][1] = _mm256_add_epi16(high[j][1], _mm256_maddubs_epi16(s, h1));
-            }
-        }
-        for (int j = 0; j < T; ++j)
-            for (int k = 0; k < 2; ++k) {
-                __m256i *o = reinterpret_cast<__m256i *>(out + j * LANES + 8 * k);
-                _mm256_store_si256(o, _mm256_add_epi32(_mm256_load_si256(o), _mm256_madd_epi16(high[j][k], sixteen)));
-            }
-    }
 }
 
 // Five positions, not TILE: with six, the twelve accumulators, the two weights, the vector of ones, a source and
 // a product need 17 registers, and gcc kept an accumulator on the stack.
 constexpr int BYTE_TILE = 5;
-using ByteTileFunction = void (*)(const uint8_t *const *, const int8_t *, const ByteWeights &, int64_t, int64_t, int64_t,
-                                  int64_t, const int32_t *, int32_t *);
+using ByteTileFunction = void (*)(const uint8_t *const *, const int8_t *, int64_t, int64_t, int64_t, const int32_t *,
+                                  int32_t *);
 constexpr ByteTileFunction BYTE_TILES[BYTE_TILE + 1] = {nullptr, byte_tile<1>, byte_tile<2>, byte_tile<3>, byte_tile<4>,
                                                         byte_tile<5>};
 
+// Each value outside the window times its weights, added to the accumulators acc [count][LANES] of the output
+// positions [first, first + count) of image n (one output row's, or whole rows') in block `block`: the values
+// of the padded rows those positions read, those of a row within the columns they read.
+void add_outside(const Outside &outside, const ByteWeights &b, const Geometry &g, int64_t n, int64_t hp, int64_t out_w,
+                 int64_t first, int64_t count, int64_t block, int32_t *acc) {
+    const int64_t padded_out = (int64_t)b.sums.size(), c = g.in_channels;
+    const int64_t first_oy = first / out_w, last_oy = (first + count - 1) / out_w;
+    const bool one_row = first_oy == last_oy;
+    const int32_t low_column = one_row ? (int32_t)(first % out_w * g.stride_w) : 0;
+    const int32_t high_column = one_row ? (int32_t)((first + count - 1) % out_w * g.stride_w + g.kernel_w - 1) : INT32_MAX;
+    for (int64_t py = first_oy * g.stride_h; py <= last_oy * g.stride_h + (g.kernel_h - 1) * g.dilation_h; ++py) {
+        const OutsideValue *values = outside.values.data() + (n * hp + py) * outside.capacity;
+        const OutsideValue *end = values + outside.counts[n * hp + py];
+        values = std::lower_bound(values, end, low_column, [](const OutsideValue &v, int32_t x) { return v.column < x; });
+        for (; values != end && values->column <= high_column; ++values)
+            for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+                const int64_t dy = py - ky * g.dilation_h;
+                if (dy < 0 || dy % g.stride_h) continue;
+                for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+                    const int64_t dx = values->column - kx;
+                    if (dx < 0 || dx % g.stride_w) continue;
+                    const int64_t j = dy / g.stride_h * out_w + dx / g.stride_w - first;
+                    if (dx / g.stride_w >= out_w || j < 0 || j >= count) continue;
+                    const int8_t *w = b.by_input.data() + ((ky * g.kernel_w + kx) * c + values->channel) * padded_out +
+                                      block * LANES;
+                    for (int64_t l = 0; l < LANES; ++l) acc[j * LANES + l] += values->excess * w[l];
+                }
+            }
+    }
+}
+
 // each_tile's walk over runs of positions and blocks of 16 channels, on the bytes.
 template <typename Sink>
-void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
-                    int64_t images, int64_t h, int64_t w, int threads, const Sink &sink) {
+void each_byte_tile(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,
+                    bool signed_src, const Geometry &g, int64_t images, int64_t h, int64_t w, int threads,
+                    const Sink &sink) {
     const int64_t c = g.in_channels, wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     constexpr int64_t RUN = 10 * BYTE_TILE;
@@ -1155,12 +1207,12 @@ void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point,
     const int64_t quads = g.kernel_w * c / 4, block_size = g.kernel_h * quads * 4 * LANES;
     const int64_t row_stride = g.dilation_h * wp * c;
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c;
-    const int32_t zp = zero_point + (signed_src ? 128 : 0);
-    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=, &b](int64_t task) {
+    const int32_t zp_in_window = zero_point + (signed_src ? 128 : 0) - window_start(zero_point, signed_src);
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=, &b, &outside](int64_t task) {
         const int64_t n = task / (blocks * runs), first = task / blocks % runs * RUN, block = task % blocks;
         const int64_t count = std::min(RUN, positions - first), valid = std::min(LANES, g.out_channels - block * LANES);
-        alignas(32) int32_t compensation[LANES];  // zp·Σ w of each channel
-        for (int64_t k = 0; k < LANES; ++k) compensation[k] = zp * b.sums[block * LANES + k];
+        alignas(32) int32_t compensation[LANES];  // (zp − t)·Σ w of each channel
+        for (int64_t k = 0; k < LANES; ++k) compensation[k] = zp_in_window * b.sums[block * LANES + k];
         alignas(32) int32_t acc[RUN * LANES];
         int64_t oy = first / out_w, ox = first % out_w;
         for (int64_t t = 0; t < count; t += BYTE_TILE) {
@@ -1170,9 +1222,10 @@ void each_byte_tile(const uint8_t *padded, const ByteWeights &b, int zero_point,
                 starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c;
                 if (++ox == out_w) ox = 0, ++oy;
             }
-            BYTE_TILES[in_tile](starts, b.low.data() + block * block_size, b, block, g.kernel_h, row_stride, quads,
+            BYTE_TILES[in_tile](starts, b.packed.data() + block * block_size, g.kernel_h, row_stride, quads,
                                 compensation, acc + t * LANES);
         }
+        add_outside(outside, b, g, n, hp, out_w, first, count, block, acc);
         sink(acc, n * positions + first, count, 1, block * LANES, valid);
     });
 }
@@ -1724,17 +1777,19 @@ template void convolve_staged(const int16_t *, const int16_t *, const Geometry &
 template void convolve_staged(const int16_t *, const int8_t *, const Geometry &, int64_t, int64_t, int64_t,
                               const Epilogue &, void *, int);
 
-void convolve_bytes(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
-                    int64_t images, int64_t h, int64_t w, int32_t *acc, int threads) {
-    write_accumulators(
-        [&](const auto &sink) { each_byte_tile(padded, b, zero_point, signed_src, g, images, h, w, threads, sink); }, g, acc);
+void convolve_bytes(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,
+                    bool signed_src, const Geometry &g, int64_t images, int64_t h, int64_t w, int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) {
+        each_byte_tile(padded, outside, b, zero_point, signed_src, g, images, h, w, threads, sink);
+    }, g, acc);
 }
 
-void convolve_bytes_staged(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src,
-                           const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e, void *out,
-                           int threads) {
-    write_staged([&](const auto &sink) { each_byte_tile(padded, b, zero_point, signed_src, g, images, h, w, threads, sink); },
-                 g, e, out);
+void convolve_bytes_staged(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,
+                           bool signed_src, const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e,
+                           void *out, int threads) {
+    write_staged([&](const auto &sink) {
+        each_byte_tile(padded, outside, b, zero_point, signed_src, g, images, h, w, threads, sink);
+    }, g, e, out);
 }
 
 NarrowWeights narrow_weights(const PackedWeights &packed) {

@@ -1,6 +1,7 @@
 // lpt's own exact int8 convolution for CPUs without VNNI (route "s16"): lpt/native/s16.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -80,37 +81,48 @@ void convolve(const int16_t *wide, const W *packed, const Geometry &g, int64_t i
               int32_t *acc, int threads);
 
 // The direct kernel on bytes (convolve_bytes): vpmaddubsw multiplies the source's bytes by int8 weights and adds
-// each pair of products in int16, with saturation, which 255·(|w1| + |w2|) ≤ 32 640 rules out; then vpmaddwd
-// by ones widens to int32. Per pair of weights of one output channel with the same sign and |w1| + |w2| > 128
-// (0.21 and 0.28 of the blocks of 4 inputs × 16 outputs in PaddleOCR's two models hold one), 16 is taken
-// from the larger of the two until |w1| + |w2| ≤ 128 (at most 8 times): the `low` weights, exact as above.
-// What was taken, h (|h1| + |h2| ≤ 8, so 255·8 per pair), is the `high` part, kept only for the blocks that
-// have one: their products add in int16 over 16 blocks at most (16·2040 < 2^15), then widen by 16. The
-// source is q, not q − zero point: Σ (q − zp)·w = Σ q·w − zp·Σ w, the second term per output channel, with
-// spatial padding holding zp (so it adds nothing) and a signed source read as q + 128 (its zp + 128).
+// each pair of products in int16, with saturation, which r ≤ 127 rules out (127·128·2 < 2^15); then vpmaddwd
+// by ones widens to int32. So the source is read through a window of 128 levels [t, t + 127] around its zero
+// point (window_start): each value u (q, or q + 128 signed) as r = clamp(u − t, 0, 127), and u − t − r, zero
+// inside the window, kept aside for the few values outside it (Outside) and added back after the pass, each
+// times its weights. Σ (q − zp)·w = Σ r·w + Σ (u − t − r)·w − (zp − t)·Σ w, the last term per output channel,
+// with spatial padding holding zp (inside the window, so it adds nothing). PaddleOCR's detector: at most 0.3%
+// of a layer's source outside its window (most layers 0.01%); past 1/128 the int16 kernel runs instead.
 // Measured on a Zen 3 (one core, a tile of 6 positions × 16 channels over 384 inputs in a program of its own):
-// vpmaddwd on int16 35-44 GMAC/s, vpmaddubsw 58-80, and 53-69 with a high part in half or a quarter of the blocks.
+// vpmaddwd on int16 35-44 GMAC/s, vpmaddubsw 58-80.
 struct ByteWeights {
-    std::vector<int8_t, CacheLineAllocator<int8_t>> low;   // [block][kernel row][quad][2][8 channels][4 inputs]
-    std::vector<int8_t, CacheLineAllocator<int8_t>> high;  // the same 64 bytes for each entry of `high_at`
-    std::vector<int32_t> high_at;      // per entry: its kernel row and its quad in the row's run
-    std::vector<int64_t> block_high;   // block b's entries: [block_high[b], block_high[b + 1])
-    std::vector<int32_t> sums;         // Σ w per output channel, padded to 16
+    std::vector<int8_t, CacheLineAllocator<int8_t>> packed;  // [block][kernel row][quad][2][8 channels][4 inputs]
+    std::vector<int8_t> by_input;  // [kernel row][kernel column][input channel][output channel, padded to 16]
+    std::vector<int32_t> sums;     // Σ w per output channel, padded to 16
 };
 // Whether convolve_bytes can run g: a direct convolution whose kernel rows are contiguous runs, of whole quads
 // of channels (a stem's 3 channels would read a fourth of zeros, and the int16 kernel pairs its runs whole).
 inline bool bytes_fit(const Geometry &g) { return g.dilation_w == 1 && g.in_channels % 4 == 0; }
 ByteWeights pack_byte_weights(const int8_t *weights, const Geometry &g);
-// Whether the bytes beat the int16 kernel with these weights: where at most a fifth of the blocks of 4 inputs ×
-// 16 outputs have a high part. PaddleOCR's layers alone (one thread, a Zen 3, the two kernels in turns): where
-// under a tenth of the blocks have one, 0.79 of the int16 kernel's time; from 0.3 to 0.39, 0.92-1.16 (1.0 at
-// the median); from 0.5 on, 0.93-1.68.
-bool bytes_pay(const ByteWeights &b, const Geometry &g);
-// The source as convolve_bytes reads it: q (q + 128 signed), channels-last, padded spatially with the zero
-// point (+ 128 signed), [images, H + pads, W + pads, C].
+// The window's first level for a source whose zero point is u = zp (zp + 128 signed): 64 below it, within
+// [0, 128], so that the window holds u (at 64 from its start, or nearer an end of [0, 255]).
+inline int window_start(int zero_point, bool signed_src) {
+    return std::clamp(zero_point + (signed_src ? 128 : 0) - 64, 0, 128);
+}
+// The source's values outside the window, row by row of the padded source: row i's are
+// values[i·capacity, i·capacity + counts[i]), by column. A row with more than `capacity` makes pad_bytes give up.
+struct OutsideValue {
+    int32_t column;   // in the padded row
+    int16_t channel;
+    int16_t excess;   // u − t − r: in [−128, −1] below the window, [1, 128] above
+};
+struct Outside {
+    int64_t capacity = 0;
+    std::vector<int32_t> counts;
+    std::vector<OutsideValue> values;
+};
+// The source as convolve_bytes reads it: r, channels-last, padded spatially with the zero point's r,
+// [images, H + pads, W + pads, C]; the values outside the window into `outside`. False (and the padded source
+// incomplete) where more than 1/128 of the values, or 1/64 of a row's, lie outside, the int16 kernel being then
+// the faster; with `always`, true whatever lies outside (every value of a row may).
 int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t w);
-void pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
-               int64_t images, int64_t h, int64_t w, uint8_t *padded, int threads);
+bool pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
+               int64_t images, int64_t h, int64_t w, bool always, uint8_t *padded, Outside &outside, int threads);
 
 // Depthwise convolutions (one input and one output channel per group): the same widened source,
 // weights [C, 1, KH, KW] packed per block of 16 channels and pair of taps (kh·kw in order, the last
@@ -174,13 +186,13 @@ void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, in
                      int64_t w, const Epilogue &e, void *out, int threads);
 void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                       int64_t w, const Epilogue &e, void *out, int threads);
-// convolve's and convolve_staged's results from pad_bytes's source (ByteWeights); zero_point and signed_src
-// as pad_bytes took them.
-void convolve_bytes(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src, const Geometry &g,
-                    int64_t images, int64_t h, int64_t w, int32_t *acc, int threads);
-void convolve_bytes_staged(const uint8_t *padded, const ByteWeights &b, int zero_point, bool signed_src,
-                           const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e, void *out,
-                           int threads);
+// convolve's and convolve_staged's results from pad_bytes's source and values outside the window (ByteWeights);
+// zero_point and signed_src as pad_bytes took them.
+void convolve_bytes(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,
+                    bool signed_src, const Geometry &g, int64_t images, int64_t h, int64_t w, int32_t *acc, int threads);
+void convolve_bytes_staged(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,
+                           bool signed_src, const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e,
+                           void *out, int threads);
 
 // The same output stage on `rows` rows of `channels` accumulators from elsewhere (oneDNN's: hi, or
 // hi·64 + lo on the split route) into as many rows of out. Needs AVX2 (supported()).

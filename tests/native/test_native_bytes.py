@@ -1,7 +1,8 @@
 """Route s16's direct kernel on bytes (lpt/native/s16.h: ByteWeights) against lpt's NumPy oracle, bit for bit.
 
-LPT_S16_BYTES=1 makes every convolution and matmul it can run take it (the weights' pay-off aside), =0 none;
-it is read when an operation is made, so each test sets it around the constructor."""
+LPT_S16_BYTES=1 makes every convolution and matmul it can run take it whatever its source (however much of it
+lies outside the kernel's window), =0 none; it is read when an operation is made, so each test sets it around
+the constructor."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def bytes_kernel(choice: str | None):
 def weights_of(kind: str, rng, shape) -> np.ndarray:
     if kind == "uniform":
         return rng.integers(-128, 128, shape).astype(np.int8)
-    if kind == "max":  # every pair 127 + 127: the most any high part takes
+    if kind == "max":  # every pair 127 + 127: the largest sum of a pair
         return np.full(shape, 127, np.int8)
     if kind == "min":
         return np.full(shape, -128, np.int8)
@@ -81,8 +82,9 @@ def byte_cases(draw):
 @given(case=byte_cases())
 @settings(max_examples=80, deadline=None)
 def test_accumulators_and_output_stage_on_bytes_equal_the_reference(case):
-    """Whatever the weights (a high part in every block, or in few) and wherever the zero point lies (the
-    spatial padding holds it), the accumulators are the reference's, in both layouts; the output stage too."""
+    """Whatever the weights and wherever the zero point lies (the spatial padding holds it), with the kernel on
+    bytes forced (LPT_S16_BYTES=1: half of a uniform source lies outside its window, and every value of a source
+    at an extreme may), the accumulators are the reference's, in both layouts; the output stage too."""
     src, weights, zero_point, window, rng = case
     stage = dict(multiplier=rng.uniform(1e-5, 1e-4, len(weights)).astype(np.float32),
                  bias=rng.normal(0, 1, len(weights)).astype(np.float32), post_ops=(Relu(),),
@@ -117,9 +119,9 @@ def test_a_matmul_on_bytes_equals_the_reference(seed, k, n, rows, signed):
 
 @pytest.mark.parametrize("value, weight", [(255, -128), (255, 127), (0, -128)])
 def test_the_largest_sums_on_bytes(value, weight):
-    """Every product at its largest over 4096 inputs of a 1×1 layer, every pair of weights split into a high part:
-    4096·255·128 is 2^31 / 16, far from wrapping. With a source of 0 and a zero point of 255, the whole sum is the
-    zero point's term."""
+    """Every product at its largest over 4096 inputs of a 1×1 layer, every value outside the window (255 with a zero
+    point of 0: 128 above it, in r 127 and 128 added back): 4096·255·128 is 2^31 / 16, far from wrapping. With a
+    source of 0 and a zero point of 255, the whole sum is the zero point's term."""
     src = np.full((1, 4096, 3, 5), value, np.uint8)
     weights = np.full((20, 4096, 1, 1), weight, np.int8)
     zero_point = 255 - value
@@ -130,14 +132,45 @@ def test_the_largest_sums_on_bytes(value, weight):
     assert np.all(got == 4096 * (value - zero_point) * weight)
 
 
-def test_by_default_the_bytes_run_where_few_blocks_have_a_high_part():
-    """Without LPT_S16_BYTES, weights that never pair past 128 (within ±64) take the bytes; uniform ones, a high
-    part in nearly every block, the int16 kernel; and =0 keeps the int16 kernel for any."""
-    rng = np.random.default_rng(5)
-    src = rng.integers(0, 256, (1, 64, 6, 6)).astype(np.uint8)
-    small, uniform = rng.integers(-64, 65, (32, 64, 1, 1)).astype(np.int8), weights_of("uniform", rng, (32, 64, 1, 1))
-    for weights, choice, implementation in ((small, None, BYTES), (uniform, None, INT16), (small, "0", INT16)):
+def windowed_source(rng, shape, zero_point: int, outliers: int) -> np.ndarray:
+    """uint8 values within 60 of the zero point (as a trained layer's activations mostly are), and `outliers` of
+    them at 0 or 255, in different rows."""
+    src = np.clip(zero_point + rng.integers(-60, 61, shape), 0, 255).astype(np.uint8)
+    flat = src.reshape(-1)
+    flat[rng.choice(flat.size, outliers, replace=False)] = rng.choice(np.array([0, 255], np.uint8), outliers)
+    return src
+
+
+@pytest.mark.parametrize("zero_point", [0, 7, 128, 200, 255])
+def test_by_default_the_bytes_run_where_the_source_lies_within_their_window(zero_point):
+    """Without LPT_S16_BYTES, a source with a few values outside the window (at 0 or 255, beyond 64 levels from
+    the zero point) takes the bytes, those values added back one by one; a uniform one, half outside, the int16
+    kernel; and =0 keeps the int16 kernel for any. The accumulators are the reference's each time."""
+    rng = np.random.default_rng(zero_point)
+    weights = weights_of("uniform", rng, (40, 64, 3, 3))
+    mostly = windowed_source(rng, (2, 64, 12, 12), zero_point, outliers=20)
+    uniform = rng.integers(0, 256, (2, 64, 12, 12)).astype(np.uint8)
+    for src, choice, implementation in ((mostly, None, BYTES), (uniform, None, INT16), (mostly, "0", INT16)):
         with bytes_kernel(choice):
-            conv = lpt.native.Conv(weights, src_zero_point=7, route="s16", threads=1)
-        assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 7))
-        assert conv.implementation == implementation
+            conv = lpt.native.Conv(weights, src_zero_point=zero_point, pads=(1, 1, 1, 1), strides=(1, 2), route="s16",
+                                   threads=2)
+        for channels_last in (False, True):
+            got = conv.accumulate(src, channels_last=channels_last)
+            assert conv.implementation == implementation
+            assert np.array_equal(got, conv_reference(src, weights, zero_point, pads=(1, 1, 1, 1), strides=(1, 2)))
+
+
+def test_a_row_with_too_many_values_outside_the_window_runs_the_int16_kernel():
+    """Under 1/128 of the whole source outside the window, but all in one row, beyond that row's room (1/64 of it):
+    the int16 kernel, exact."""
+    rng = np.random.default_rng(3)
+    weights = weights_of("trained", rng, (16, 32, 1, 1))
+    src = windowed_source(rng, (1, 32, 40, 40), 10, outliers=0)
+    src[0, :, 5, :2] = 255  # 64 of row 5's 1280 values: 1/20 of the row, 1/800 of the source
+    with bytes_kernel(None):
+        conv = lpt.native.Conv(weights, src_zero_point=10, route="s16", threads=1)
+    assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 10))
+    assert conv.implementation == INT16
+    src[0, :, 5, 1], src[0, 16:, 5, 0] = 20, 20  # 16 of them, within the row's room
+    assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 10))
+    assert conv.implementation == BYTES
