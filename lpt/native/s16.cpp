@@ -1105,13 +1105,14 @@ bool pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero
             found = window_values(src + (n * h + y) * w * c, w * c, flip, t, c, g.pad_left * c, interior, row_outside,
                                   capacity);
         } else {
-            thread_local std::vector<uint8_t> gathered;  // the row channels-last, then windowed as above
-            gathered.resize(w * c);
+            thread_local std::vector<uint8_t> row_values;  // the row channels-last, then windowed as above
+            row_values.resize(w * c);
+            uint8_t *gathered = row_values.data();  // (a thread_local read in the loop is a call per value)
             for (int64_t k = 0; k < c; ++k) {
                 const uint8_t *in = src + ((n * c + k) * h + y) * w;
                 for (int64_t x = 0; x < w; ++x) gathered[x * c + k] = in[x];
             }
-            found = window_values(gathered.data(), w * c, flip, t, c, g.pad_left * c, interior, row_outside, capacity);
+            found = window_values(gathered, w * c, flip, t, c, g.pad_left * c, interior, row_outside, capacity);
         }
         counts[t_row] = (int32_t)std::min<int64_t>(found, INT32_MAX);
     });
