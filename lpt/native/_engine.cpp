@@ -378,6 +378,7 @@ struct Operation {
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
     std::vector<float> padded_multiplier, padded_bias;
+    std::vector<float> level_constants;  // the epilogue's Levels (lpt_s16::prepare_clipped_levels)
     bool onednn_stage = false;  // onednn_can_stage
     std::mutex lock;  // one run at a time: the prepared primitives' memory objects take its pointers
 };
@@ -1172,6 +1173,12 @@ void prepare_epilogue(Operation &op) {
     e.zero_point = s.zero_point, e.qmin = s.qmin, e.qmax = s.qmax;
     e.flush_tiny = tiny_values_quantize_as_zero(s);
     lpt_s16::prepare_gelu_fast(e, op.out_channels);
+    // each channel's largest accumulator: Σ |w| · 255 (|q − zero point| ≤ 255 for a zero point in range)
+    std::vector<double> largest((size_t)op.out_channels, 0.0);
+    const int64_t n = op.out_channels;
+    for (size_t i = 0; i < op.weights.size(); ++i)  // conv [OC, ...]; matmul [K, N]
+        largest[op.kind == Kind::matmul ? i % n : i / (op.weights.size() / n)] += 255.0 * std::abs((int)op.weights[i]);
+    lpt_s16::prepare_clipped_levels(e, largest.data(), op.out_channels, op.level_constants);
     op.onednn_stage = onednn_can_stage(op);
 }
 

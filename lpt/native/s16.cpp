@@ -408,6 +408,51 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
 }
 
 
+// Whether e.levels stands for e's stage: prepared, and for the quantization e has now (a copy of an Epilogue
+// may quantize to another scale: _engine.cpp's stage of a layer and the Add after it).
+inline bool levels_apply(const Epilogue &e) {
+    const Epilogue::Levels &l = e.levels;
+    return l.near_half > 0.0f && l.scale == e.scale && l.zero_point == e.zero_point && l.qmin == e.qmin &&
+           l.qmax == e.qmax;
+}
+
+// clipped_stage without a slope, from Epilogue::Levels: per vector of eight values a conversion, one fused
+// product, a clamp and the nearest integer (and with PER_LANE, the bound for the value's accumulator), where
+// clipped_stage takes a product, a sum, the clip, a division (vdivps: one per 3.5-5 cycles on a Zen 3) and the
+// clamp; a position with a lane next to a half takes clipped_stage's operations.
+template <typename T, int HALVES, bool PER_LANE>
+__attribute__((target("avx2,fma"))) void clipped_levels(const Epilogue &e, const int32_t *acc, int64_t acc_stride,
+                                                        int64_t count, int64_t c0, int64_t valid, T *out,
+                                                        int64_t out_stride) {
+    const Epilogue::Levels &l = e.levels;
+    const __m256 low = _mm256_set1_ps(l.low), high = _mm256_set1_ps(l.high), near_half = _mm256_set1_ps(l.near_half);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 multiplier[2], bias[2], lane_bound[2];
+    for (int k = 0; k < HALVES; ++k) {
+        multiplier[k] = _mm256_loadu_ps(l.multiplier + c0 + 8 * k);
+        bias[k] = _mm256_loadu_ps(l.bias + c0 + 8 * k);
+        if constexpr (PER_LANE) lane_bound[k] = _mm256_loadu_ps(l.lane_bound + c0 + 8 * k);
+    }
+    for (int64_t j = 0; j < count; ++j) {
+        __m256i level[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256 near = _mm256_setzero_ps();
+        for (int k = 0; k < HALVES; ++k) {
+            const __m256 a = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * acc_stride + 8 * k)));
+            const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(a, multiplier[k], bias[k]), low), high);
+            const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 off = _mm256_andnot_ps(sign, _mm256_sub_ps(y, n));
+            if constexpr (PER_LANE) off = _mm256_fmadd_ps(_mm256_andnot_ps(sign, a), lane_bound[k], off);
+            near = _mm256_or_ps(near, _mm256_cmp_ps(off, near_half, _CMP_NLT_UQ));
+            level[k] = _mm256_cvtps_epi32(n);  // an integer in [qmin, qmax]: exact
+        }
+        if (_mm256_movemask_ps(near))
+            clipped_stage<T, HALVES, false>(e, acc + j * acc_stride, acc_stride, 1, c0, valid, out + j * out_stride,
+                                            out_stride);
+        else
+            store_levels(level[0], level[1], valid, out + j * out_stride);
+    }
+}
+
 // What the GELU stage keeps in registers across positions: its channels' multipliers and biases, the
 // post-op's constants and the quantization's; with `fast`, the approximation's and its bound's too.
 struct GeluStage512 {
@@ -702,6 +747,12 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
     if constexpr (!std::is_same_v<T, float>) {
         if (takes_one_clip(e)) {
             const bool slope = e.post_op_count == 1 && e.post_ops[1] != 1.0f;
+            if (!slope && levels_apply(e)) {
+                const auto levels = e.levels.lane_bound ? (valid <= 8 ? clipped_levels<T, 1, true> : clipped_levels<T, 2, true>)
+                                                        : (valid <= 8 ? clipped_levels<T, 1, false> : clipped_levels<T, 2, false>);
+                levels(e, acc, acc_stride, count, c0, valid, out, out_stride);
+                return;
+            }
             const auto clipped = slope ? (valid <= 8 ? clipped_stage<T, 1, true> : clipped_stage<T, 2, true>)
                                        : (valid <= 8 ? clipped_stage<T, 1, false> : clipped_stage<T, 2, false>);
             clipped(e, acc, acc_stride, count, c0, valid, out, out_stride);
@@ -791,6 +842,51 @@ void prepare_gelu_fast(Epilogue &e, int64_t channels) {
     if (!(r.near_half > 0.0f && near_half > 0.0f)) return;
     e.gelu_per_u = std::nextafter((float)(fast_per_u * per_r), INFINITY);
     e.gelu_near_half = near_half;
+}
+
+// Why the levels are the reference's: with u = 2^-24, x = RN(RN(a·m) + b) and y = RN(x / s) (the
+// reference: s the scale, a the accumulator as float32), m' = RN(m / s) and b' = RN(b / s + zp) (from
+// double), Y = RN(a·m' + b') (one fused rounding), each rounding a factor (1 + e), |e| ≤ u:
+//   |y + zp − Y| ≤ 5.01u·|a·m / s| + 4.01u·|b / s| + 2.01u·|zp|  (the products of the factors written out),
+// below δ = 6u·|a|·|m'| + δ0, δ0 = 6u·(|b / s| + |zp|) + 2^-60 (a subnormal's absolute error, s ≥ 2^-40).
+// The reference's level is clamp(rint(y + zp), L, H) for y clamped as it clamps it, and a clip [lo, hi]
+// before the division moves only the bounds: the level is a non-decreasing function g of x, so g(clip(x)) =
+// clamp(g(x), g(lo), g(hi)), L = g(lo) and H = g(hi) (qmin and qmax where there is no bound). Clamping
+// moves no value further than δ, so where Y clamped to [L, H] lies at less than 1/2 − δ from its nearest
+// integer n, y + zp clamped lies strictly within n ± 1/2 and the level is n. Where δ with |a| at its largest
+// is at most 2^-10 (a stem of few products) one margin serves every value; otherwise each value's own
+// (lane_bound = 6u·|m'| rounded up, near_half 1/2 − δ0 less a float32 sum's rounding), two operations more.
+void prepare_clipped_levels(Epilogue &e, const double *largest, int64_t channels, std::vector<float> &constants) {
+    e.levels = {};
+    const bool clip = e.post_op_count == 1 && e.post_ops[0] == SLOPE_CLIP && e.post_ops[1] == 1.0f;
+    if (e.type == Epilogue::f32 || !(e.post_op_count == 0 || clip) || !fused_multiply_add()) return;
+    if (!(e.scale >= 0x1p-40f && e.scale <= 0x1p40f)) return;
+    const float low = clip ? e.post_ops[2] : -INFINITY, high = clip ? e.post_ops[3] : INFINITY;
+    if (!(low <= high)) return;
+    const auto level = [&](float x) {  // the reference's level of x (store_quantized)
+        const float y = std::min(std::max(x / e.scale, (float)(e.qmin - e.zero_point)), (float)(e.qmax - e.zero_point));
+        return std::nearbyint(y) + (float)e.zero_point;
+    };
+    const int64_t padded = (channels + LANES - 1) / LANES * LANES;
+    constants.assign(3 * padded, 0.0f);
+    float *multiplier = constants.data(), *bias = multiplier + padded, *lane_bound = bias + padded;
+    double common = 0.0, worst = 0.0;  // δ0, and δ with each channel's largest |a|
+    for (int64_t c = 0; c < channels; ++c) {
+        const double b = e.bias ? (double)e.bias[c] / e.scale : 0.0;
+        multiplier[c] = (float)((double)e.multiplier[c] / e.scale);
+        bias[c] = (float)(b + e.zero_point);
+        if (!(std::isfinite(multiplier[c]) && std::isfinite(bias[c]) && std::isfinite(largest[c]))) return;
+        lane_bound[c] = std::nextafter((float)(0x1p-24 * 6.0 * std::fabs((double)multiplier[c])), INFINITY);
+        common = std::max(common, 0x1p-24 * 6.0 * (std::fabs(b) + std::abs(e.zero_point)));
+        worst = std::max(worst, 0x1p-24 * 6.0 * (largest[c] * std::fabs((double)multiplier[c]) + std::fabs(b) +
+                                                 std::abs(e.zero_point)));
+    }
+    common += 0x1p-60, worst += 0x1p-60;
+    const bool per_lane = !(worst <= 0x1p-10);
+    if (per_lane && !(common <= 0x1p-10)) return;
+    const double margin = per_lane ? (0.5 - common) * (1.0 - 0x1p-22) : 0.5 - worst;
+    e.levels = {multiplier, bias, per_lane ? lane_bound : nullptr, level(low), level(high),
+                std::nextafter((float)margin, 0.0f), e.scale, e.zero_point, e.qmin, e.qmax};
 }
 
 bool fused_multiply_add() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }

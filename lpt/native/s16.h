@@ -170,8 +170,24 @@ struct Epilogue {
     // only in the staged kernels (convolve_staged, depthwise_staged, winograd_staged).
     const float *addend = nullptr;
     bool addend_first = false;
+    // A stage with no post-op or one clip (Relu, Clip; no slope) as one product per value: its level is the
+    // nearest integer n of Y = RN(f32(acc)·multiplier' + bias') (multiplier' = multiplier / scale, bias' =
+    // bias / scale + zero_point), Y clamped to [low, high], wherever |Y − n| (plus |f32(acc)|·lane_bound[c]
+    // where lane_bound is given) < near_half; elsewhere the reference's operations. Set by
+    // prepare_clipped_levels (which says why the levels are the same) for the quantization recorded here;
+    // near_half −1 where it does not apply.
+    struct Levels {
+        const float *multiplier = nullptr, *bias = nullptr, *lane_bound = nullptr;  // padded to a multiple of 16
+        float low = 0.0f, high = 0.0f, near_half = -1.0f;
+        float scale = 0.0f;
+        int zero_point = 0, qmin = 0, qmax = 0;
+    } levels;
 };
 constexpr float TINY = 0x1p-96f;
+
+// e.levels for `channels` channels, where largest[c] bounds |acc| of channel c (Σ|w|·255): their multipliers,
+// biases and bounds into `constants` (three runs of `channels` padded to a multiple of 16), which must outlive e.
+void prepare_clipped_levels(Epilogue &e, const double *largest, int64_t channels, std::vector<float> &constants);
 
 // e's gelu_per_u and gelu_near_half, for `channels` channels of multipliers and biases: where its one post-op
 // is PaddleOCR's GELU, every channel's x is within the approximation's checked range, and the quantization
