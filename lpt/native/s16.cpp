@@ -1041,6 +1041,13 @@ constexpr int64_t RUN_TILES = 8;
 // Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
 // position, count, step from one position to the next, first channel, valid channels) as soon as it
 // is done.
+// How a tile walks the window of g's positions in a widened source wp positions wide.
+inline Walk walk_of(const Geometry &g, int64_t wp) {
+    const int64_t c2 = g.padded_channels();
+    if (g.dilation_w != 1) return {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
+    return {g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
+}
+
 template <typename W, typename Sink>
 void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int threads, const Sink &sink) {
@@ -1049,8 +1056,7 @@ void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t 
     constexpr int64_t RUN = RUN_TILES * TILE;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
     const int64_t block_size = g.kernel_h * g.row_values() * LANES;
-    Walk walk{g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
-    if (g.dilation_w != 1) walk = {g.kernel_h, g.dilation_h * wp * c2, g.kernel_w, g.dilation_w * c2, c2 / 2};
+    const Walk walk = walk_of(g, wp);
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w * c2;
     static_assert(RUN % HALF_TILE == 0 && RUN % WIDE_TILE == 0, "a run is whole tiles of any kind");
     // a last block of at most 8 channels after another: the two are one group, walked by wide tiles
@@ -1093,6 +1099,55 @@ void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t 
         }
         sink(acc, n * positions + first, count, 1, b * LANES, valid);
         if (paired) sink(next_acc, n * positions + first, count, 1, (b + 1) * LANES, g.out_channels - (b + 1) * LANES);
+    });
+}
+
+// One task of each_pooled_tile: the pool_h output rows of a window's row (the first at `row`, the next
+// `row_stride` int16 further), `span` positions each (`step` int16 apart), tile by tile into `acc`, each tile's
+// positions folded into the largest values of their window's column (`largest` [span / pool_w][LANES]).
+__attribute__((target("avx2"))) void pooled_row(const int16_t *row, int64_t row_stride, int64_t step, int64_t span,
+                                                int64_t pool_h, int64_t pool_w, const int16_t *weights,
+                                                const Walk &walk, bool half, int32_t *acc, int32_t *largest) {
+    const int64_t size = half ? HALF_TILE : TILE;
+    const TileFunction<int16_t> *tiles = half ? HALF_TILES<int16_t> : TILES<int16_t>;
+    for (int64_t r = 0; r < pool_h; ++r, row += row_stride)
+        for (int64_t x = 0; x < span; x += size) {
+            const int64_t in_tile = std::min(size, span - x);
+            const int16_t *starts[HALF_TILE];
+            for (int64_t j = 0; j < in_tile; ++j) starts[j] = row + (x + j) * step;
+            tiles[in_tile](starts, weights, walk, acc);
+            for (int64_t j = 0; j < in_tile; ++j) {
+                int32_t *into = largest + (x + j) / pool_w * LANES;
+                const bool first = r == 0 && (x + j) % pool_w == 0;
+                for (int k = 0; k < 2; ++k) {
+                    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * k));
+                    __m256i *to = reinterpret_cast<__m256i *>(into + 8 * k);
+                    _mm256_store_si256(to, first ? v : _mm256_max_epi32(v, _mm256_load_si256(to)));
+                }
+            }
+        }
+}
+
+// each_tile's accumulators max-pooled over windows of pool_h × pool_w output positions (as many apart, a last
+// partial window dropped), handed to sink a pooled row and a block of 16 channels at a time: a task computes
+// the window's pool_h output rows, tile by tile, each folded into the row's largest values as it is done.
+template <typename Sink>
+void each_pooled_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                      int64_t w, int64_t pool_h, int64_t pool_w, int threads, const Sink &sink) {
+    const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
+    const int64_t rows = g.out_h(h) / pool_h, columns = g.out_w(w) / pool_w, span = columns * pool_w;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, block_size = g.kernel_h * g.row_values() * LANES;
+    const Walk walk = walk_of(g, wp);
+    const int64_t work = images * rows * pool_h * span * g.out_channels * g.kernel_h * g.kernel_w * c2;
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * rows * blocks, [=](int64_t task) {
+        const int64_t n = task / (rows * blocks), py = task / blocks % rows, b = task % blocks;
+        const int64_t valid = std::min(LANES, g.out_channels - b * LANES);
+        thread_local std::vector<int32_t, CacheLineAllocator<int32_t>> acc, largest;
+        acc.resize((size_t)(HALF_TILE * LANES));
+        largest.resize((size_t)(columns * LANES));
+        pooled_row(wide + (n * hp + py * pool_h * g.stride_h) * wp * c2, g.stride_h * wp * c2, g.stride_w * c2, span,
+                   pool_h, pool_w, packed + b * block_size, walk, valid <= LANES / 2, acc.data(), largest.data());
+        sink(largest.data(), (n * rows + py) * columns, columns, 1, b * LANES, valid);
     });
 }
 
@@ -1867,6 +1922,19 @@ template <typename W>
 void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads) {
     write_staged([&](const auto &sink) { each_tile(wide, packed, g, images, h, w, threads, sink); }, g, e, out);
+}
+
+void convolve_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                            int64_t w, int64_t pool_h, int64_t pool_w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_pooled_tile(wide, packed, g, images, h, w, pool_h, pool_w, threads, sink); },
+                 g, e, out);
+}
+
+bool stage_keeps_order(const Epilogue &e, int64_t channels) {
+    if (e.type == Epilogue::f32 || !(e.scale > 0.0f) || e.addend) return false;
+    if (!(e.post_op_count == 0 || (e.post_op_count == 1 && e.post_ops[0] == SLOPE_CLIP && e.post_ops[1] >= 0.0f)))
+        return false;
+    return std::all_of(e.multiplier, e.multiplier + channels, [](float m) { return m >= 0.0f; });
 }
 
 template void convolve(const int16_t *, const int16_t *, const Geometry &, int64_t, int64_t, int64_t, int32_t *, int);

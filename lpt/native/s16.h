@@ -194,6 +194,17 @@ void prepare_clipped_levels(Epilogue &e, const double *largest, int64_t channels
 // leaves room for its margin.
 void prepare_gelu_fast(Epilogue &e, int64_t channels);
 
+// Whether e's level never decreases as an accumulator grows: an 8-bit stage with multipliers ≥ 0, a positive
+// scale, and no post-op or one clip whose slope is ≥ 0 (each of its operations keeps the order). The largest
+// accumulator of a max pool's window then has the window's largest level.
+bool stage_keeps_order(const Epilogue &e, int64_t channels);
+// convolve_staged's output max-pooled over windows of pool_h × pool_w positions, as far apart (no pads; a last
+// partial window dropped), where stage_keeps_order(e): each window's largest accumulators are staged, a
+// pool_h·pool_w-th of the stage's work, and the output before the pool is never written.
+// out [images, rows·columns, OC], rows = out_h / pool_h, columns = out_w / pool_w.
+void convolve_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                            int64_t w, int64_t pool_h, int64_t pool_w, const Epilogue &e, void *out, int threads);
+
 // out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values
 // never reach memory, and no pass over the output follows.
