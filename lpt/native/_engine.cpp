@@ -1492,7 +1492,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (out_bytes != items * item_size(dst)) throw std::invalid_argument("out does not have the output's size");
     // One widened source per calling thread, shared by every layer it runs: a network's layers then
     // reuse the same cache-warm memory instead of each keeping its own.
-    const bool winograd = !pool && takes_winograd(op, h, w);
+    const bool winograd = takes_winograd(op, h, w);
     const bool channels_last_src = channels_last || !conv || h * w == 1;
     // the output stage as each tile is done: no accumulators in memory, no pass after
     const bool staged = (staging || (dst != Dst::s32 && dst == op.stage.dst)) && (!conv || channels_last_out);
@@ -1511,7 +1511,9 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     int16_t *widened = wide.get(wide_size + lpt_s16::READ_SLACK);
     std::memset(widened + wide_size, 0, lpt_s16::READ_SLACK * sizeof(int16_t));
     lpt_s16::widen(src, signed_src, channels_last_src, src_zero_point, widening, images, h, w, widened, op.threads);
-    if (pool) {
+    if (pool && winograd) {
+        lpt_s16::winograd_pooled_staged(widened, weights.data(), g, images, h, w, epilogue, out, op.threads);
+    } else if (pool) {
         lpt_s16::convolve_pooled_staged(widened, weights.data(), g, images, h, w, pool->kernel_h, pool->kernel_w,
                                         epilogue, out, op.threads);
     } else if (staged) {
@@ -3704,12 +3706,13 @@ bool pools_layer(const Program &program, size_t at, const Instruction &layer, co
            lpt_s16::stage_keeps_order(op.epilogue, op.out_channels);
 }
 
-// A convolution and the max pool after it (pools_layer) in one pass, where the convolution runs on s16's direct
-// int16 kernel: each window's largest accumulators are staged (lpt_s16::convolve_pooled_staged), the levels the
-// pool would take, and the layer's output is never written. dnsmos_p808 (its 1 → 32 stem over 900×120 and a 2×2
+// A convolution and the max pool after it (pools_layer) in one pass, where the convolution runs on s16's int16
+// kernels (direct, or by Winograd under a 2×2 pool): each window's largest accumulators are staged
+// (lpt_s16::convolve_pooled_staged, winograd_pooled_staged), the levels the pool would take, and the layer's
+// output is never written. dnsmos_p808 (its 1 → 32 stem over 900×120 and a 2×2
 // pool), the two plans in turns in one process on a Zen 3: one thread 8.04 against 8.81 ms (the tenth fastest of
-// 200 runs), two 6.33 against 7.03. False, with nothing run, where the layer runs otherwise (Winograd, the kernel
-// on bytes) or the pool's output would not be channels-last.
+// 200 runs), two 6.33 against 7.03. False, with nothing run, where the layer runs otherwise (the kernel on bytes,
+// Winograd under another pool) or the pool's output would not be channels-last.
 bool pool_in_stage(Program &program, const Instruction &layer, const Instruction &pool) {
     Operation &op = *layer.operation;
     const Slot &src = program.slots[layer.in[0]];
@@ -3718,7 +3721,9 @@ bool pool_in_stage(Program &program, const Instruction &layer, const Instruction
     const lpt_s16::Geometry &g = op.geometry;
     if (h + g.pad_top + g.pad_bottom < g.kernel_h || w + g.pad_left + g.pad_right < g.kernel_w) return false;
     const int64_t rows = g.out_h(h) / pool.pool.kernel_h, columns = g.out_w(w) / pool.pool.kernel_w;
-    if (rows * columns <= 1 || op.out_channels <= 1 || takes_winograd(op, h, w) || !op.bytes.packed.empty())
+    const bool winograd = takes_winograd(op, h, w);  // by Winograd, a 2×2 pool's windows are its blocks
+    if (rows * columns <= 1 || op.out_channels <= 1 || (!winograd && !op.bytes.packed.empty()) ||
+        (winograd && (pool.pool.kernel_h != 2 || pool.pool.kernel_w != 2 || g.dilation_h != 1 || g.dilation_w != 1)))
         return false;
     Slot &out = program.slots[pool.out];
     out.dims = {src.dims[0], op.out_channels, rows, columns};
@@ -3728,7 +3733,7 @@ bool pool_in_stage(Program &program, const Instruction &layer, const Instruction
     run_s16(op, static_cast<const uint8_t *>(src.data), memory::dims(src.dims.begin(), src.dims.end()),
             src.transposed(), src.type == 'b', op.src_zero_point, op.stage.dst, true, o, (size_t)out.count(), nullptr,
             &pool.pool);
-    op.last_impl = "lpt:s16_avx2_pooled";
+    op.last_impl = winograd ? "lpt:s16_winograd_avx2_pooled" : "lpt:s16_avx2_pooled";
     return true;
 }
 

@@ -1593,13 +1593,27 @@ __attribute__((target("avx2"))) void transform_output(const int32_t (*m)[TILE * 
         }
 }
 
+// The largest of each of `count` 2×2 blocks of transform_output's y: out [count][LANES], a 2×2 max pool's windows.
+__attribute__((target("avx2"))) void largest_of_blocks(const int32_t (*y)[2 * TILE * LANES], int64_t count,
+                                                       int32_t *out) {
+    for (int64_t j = 0; j < count; ++j)
+        for (int64_t half = 0; half < LANES; half += 8) {
+            __m256i largest = _mm256_load_si256(reinterpret_cast<const __m256i *>(y[0] + 2 * j * LANES + half));
+            for (int k = 1; k < 4; ++k)
+                largest = _mm256_max_epi32(largest, _mm256_load_si256(reinterpret_cast<const __m256i *>(
+                                                        y[k / 2] + (2 * j + k % 2) * LANES + half)));
+            _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + half), largest);
+        }
+}
+
 // Every run of outputs of one row and 16 channels (the 2×2 blocks of a group of up to TILE blocks
 // that lie side by side), handed to sink as each_tile hands a convolution's tiles. The 16 products of
 // a block are 16 1×1 convolutions of the transformed source, each by the tile kernel; a group takes
-// TILE consecutive blocks in row-major order, across rows, so a narrow map fills the kernel's tile.
+// TILE consecutive blocks in row-major order, across rows, so a narrow map fills the kernel's tile. With
+// `pooled` (no dilation), each block's largest values instead: a 2×2 max pool's output, [out_h / 2, out_w / 2].
 template <typename Sink>
 void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                        int64_t w, int threads, const Sink &sink) {
+                        int64_t w, int threads, const Sink &sink, bool pooled = false) {
     const Geometry wg = winograd_widening(g, h, w);
     const int64_t c2 = g.padded_channels(), hp = h + wg.pad_top + wg.pad_bottom, wp = w + wg.pad_left + wg.pad_right;
     const int64_t dh = g.dilation_h, dw = g.dilation_w, out_h = g.out_h(h), out_w = g.out_w(w);
@@ -1624,6 +1638,20 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         }
         alignas(32) int32_t y[2][2 * TILE * LANES];
         transform_output(m, count, lanes, y);
+        if (pooled) {
+            alignas(32) int32_t largest[TILE * LANES];
+            largest_of_blocks(y, count, largest);
+            const int64_t rows = out_h / 2, columns = out_w / 2;  // a last row or column of blocks half outside: dropped
+            for (int64_t j = 0, run; j < count; j += run) {
+                const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
+                run = std::min(count - j, tiles_w - tx);
+                const int64_t n = row_of_tiles / tiles_h, ty = row_of_tiles % tiles_h;
+                if (ty < rows && tx < columns)
+                    sink(largest + j * LANES, (n * rows + ty) * columns + tx, std::min(run, columns - tx), 1, b * LANES,
+                         valid);
+            }
+            return;
+        }
         for (int64_t j = 0, run; j < count; j += run) {  // the blocks of one row of blocks, side by side
             const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
             run = std::min(count - j, tiles_w - tx);
@@ -1928,6 +1956,12 @@ void convolve_pooled_staged(const int16_t *wide, const int16_t *packed, const Ge
                             int64_t w, int64_t pool_h, int64_t pool_w, const Epilogue &e, void *out, int threads) {
     write_staged([&](const auto &sink) { each_pooled_tile(wide, packed, g, images, h, w, pool_h, pool_w, threads, sink); },
                  g, e, out);
+}
+
+void winograd_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                            int64_t w, const Epilogue &e, void *out, int threads) {
+    write_staged([&](const auto &sink) { each_winograd_tile(wide, packed, g, images, h, w, threads, sink, true); }, g,
+                 e, out);
 }
 
 bool stage_keeps_order(const Epilogue &e, int64_t channels) {

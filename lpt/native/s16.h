@@ -204,6 +204,9 @@ bool stage_keeps_order(const Epilogue &e, int64_t channels);
 // out [images, rows·columns, OC], rows = out_h / pool_h, columns = out_w / pool_w.
 void convolve_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                             int64_t w, int64_t pool_h, int64_t pool_w, const Epilogue &e, void *out, int threads);
+// The same by Winograd (winograd_staged) for a 2×2 pool and no dilation: a 2×2 block of outputs is one window.
+void winograd_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
+                            int64_t w, const Epilogue &e, void *out, int threads);
 
 // out [images, out_h·out_w, OC] (float32, uint8 or int8 as `e` says) = the output stage of
 // convolve's accumulators, applied to each tile while they are in registers: the int32 values

@@ -84,3 +84,23 @@ def test_a_stem_and_its_pool_run_as_one_and_a_reversed_stage_does_not():
         got, ran, expected = layer_then_pool(src, conv, (2, 2))
         assert np.array_equal(got, expected)
         assert ran == implementation
+
+
+@pytest.mark.parametrize("size", [(12, 10), (13, 11), (7, 16)])
+@pytest.mark.parametrize("dst", [np.uint8, np.int8])
+def test_by_winograd_a_block_of_outputs_is_a_window(size, dst, monkeypatch):
+    """A 3×3 layer by Winograd (forced: LPT_WINOGRAD=1) and a 2×2 pool: each 2×2 block's largest values, a last
+    row or column of blocks half outside the output dropped (odd sizes); 16 input channels (Winograd's fewest), 24
+    output channels (a half block)."""
+    monkeypatch.setenv("LPT_WINOGRAD", "1")  # read when the operation is made
+    rng = np.random.default_rng(size[0] * size[1])
+    src = rng.integers(0, 256, (2, 16) + size).astype(np.uint8)
+    weights = rng.integers(-128, 128, (24, 16, 3, 3)).astype(np.int8)
+    for pads in ((1, 1, 1, 1), (0, 0, 0, 0)):
+        conv = lpt.native.Conv(weights, pads=pads, src_zero_point=100,
+                               multiplier=rng.uniform(1e-4, 1e-3, 24).astype(np.float32), post_ops=(Relu(),),
+                               dst_scale=np.float32(0.05), dst_zero_point=-3 if dst == np.int8 else 3, dst_dtype=dst,
+                               threads=2, route="s16")
+        got, ran, expected = layer_then_pool(src, conv, (2, 2))
+        assert np.array_equal(got, expected)
+        assert ran == "lpt:s16_winograd_avx2_pooled"
