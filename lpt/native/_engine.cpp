@@ -2110,6 +2110,11 @@ const char *PROGRAM_CAPSULE = "lpt.native._engine.Program";
 constexpr size_t KEEP_PROGRAM_BYTES = (size_t)512 << 20;
 
 
+// How many images a layer runs at a time, each of in_image source and out_image output values: within the
+// scratch Conv._run allows itself (operations.py: SCRATCH_BYTES).
+int64_t images_per_chunk(int64_t in_image, int64_t out_image) {
+    return std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(1, 3 * in_image + 8 * out_image));
+}
 
 // With `join` (a convolution's, join_in_bands), `out` is the join's output.
 void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsigned char> &scratch,
@@ -2139,10 +2144,10 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
                     (size_t)(out.count() * item_size(dst)));
         return;
     }
-    // a few images at a time, within the scratch Conv._run allows itself (operations.py: SCRATCH_BYTES)
+    // a few images at a time (images_per_chunk)
     const int64_t images = src.dims[0], in_image = src.count() / std::max<int64_t>(images, 1),
                   out_image = out.count() / std::max<int64_t>(images, 1);
-    const int64_t chunk = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(1, 3 * in_image + 8 * out_image));
+    const int64_t chunk = images_per_chunk(in_image, out_image);
     for (int64_t first = 0; first < images; first += chunk) {
         const int64_t count = std::min(chunk, images - first);
         memory::dims dims(src.dims.begin(), src.dims.end());
@@ -2436,7 +2441,7 @@ bool add_in_stage(Program &program, const Instruction &layer, int view, const In
     // a few images at a time, as run_layer
     const int64_t images = src.dims[0], in_image = src.count() / std::max<int64_t>(images, 1),
                   out_image = out.count() / std::max<int64_t>(images, 1), item = item_size(dst);
-    const int64_t chunk = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(1, 3 * in_image + 8 * out_image));
+    const int64_t chunk = images_per_chunk(in_image, out_image);
     std::lock_guard<std::mutex> guard(op.lock);
     for (int64_t first = 0; first < images; first += chunk) {
         const int64_t count = std::min(chunk, images - first);
@@ -3728,11 +3733,19 @@ bool pool_in_stage(Program &program, const Instruction &layer, const Instruction
     Slot &out = program.slots[pool.out];
     out.dims = {src.dims[0], op.out_channels, rows, columns};
     out.channels_last = true;  // as step's max pool leaves it after a layer's channels-last output
-    void *o = out.allocate(op.stage.dst == Dst::u8 ? 'B' : 'b', out.count());
+    char *o = static_cast<char *>(out.allocate(op.stage.dst == Dst::u8 ? 'B' : 'b', out.count()));
+    // a few images at a time, as run_layer (the widened source of a large batch is not held at once)
+    const int64_t images = src.dims[0], in_image = src.count() / std::max<int64_t>(images, 1),
+                  out_image = out.count() / std::max<int64_t>(images, 1);
+    const int64_t chunk = images_per_chunk(in_image, out_image);
     std::lock_guard<std::mutex> guard(op.lock);
-    run_s16(op, static_cast<const uint8_t *>(src.data), memory::dims(src.dims.begin(), src.dims.end()),
-            src.transposed(), src.type == 'b', op.src_zero_point, op.stage.dst, true, o, (size_t)out.count(), nullptr,
-            &pool.pool);
+    for (int64_t first = 0; first < images; first += chunk) {
+        memory::dims dims(src.dims.begin(), src.dims.end());
+        dims[0] = std::min(chunk, images - first);
+        run_s16(op, static_cast<const uint8_t *>(src.data) + first * in_image, dims, src.transposed(), src.type == 'b',
+                op.src_zero_point, op.stage.dst, true, o + first * out_image, (size_t)(dims[0] * out_image), nullptr,
+                &pool.pool);
+    }
     op.last_impl = winograd ? "lpt:s16_winograd_avx2_pooled" : "lpt:s16_avx2_pooled";
     return true;
 }

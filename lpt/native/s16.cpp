@@ -1038,9 +1038,6 @@ namespace {
 // the largest, went from 3.1 to 2.5 ms (Zen 3, one thread). 48·16 accumulators are 3 kB, in L1.
 constexpr int64_t RUN_TILES = 8;
 
-// Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
-// position, count, step from one position to the next, first channel, valid channels) as soon as it
-// is done.
 // How a tile walks the window of g's positions in a widened source wp positions wide.
 inline Walk walk_of(const Geometry &g, int64_t wp) {
     const int64_t c2 = g.padded_channels();
@@ -1048,6 +1045,9 @@ inline Walk walk_of(const Geometry &g, int64_t wp) {
     return {g.kernel_h, g.dilation_h * wp * c2, 1, 0, g.row_values() / 2};
 }
 
+// Every run of RUN_TILES tiles of the convolution, each handed to sink(acc [count][LANES], first
+// position, count, step from one position to the next, first channel, valid channels) as soon as it
+// is done.
 template <typename W, typename Sink>
 void each_tile(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
                int threads, const Sink &sink) {
@@ -1119,7 +1119,7 @@ __attribute__((target("avx2"))) void pooled_row(const int16_t *row, int64_t row_
             for (int64_t j = 0; j < in_tile; ++j) {
                 int32_t *into = largest + (x + j) / pool_w * LANES;
                 const bool first = r == 0 && (x + j) % pool_w == 0;
-                for (int k = 0; k < 2; ++k) {
+                for (int k = 0; k < (half ? 1 : 2); ++k) {
                     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + j * LANES + 8 * k));
                     __m256i *to = reinterpret_cast<__m256i *>(into + 8 * k);
                     _mm256_store_si256(to, first ? v : _mm256_max_epi32(v, _mm256_load_si256(to)));
@@ -1593,11 +1593,12 @@ __attribute__((target("avx2"))) void transform_output(const int32_t (*m)[TILE * 
         }
 }
 
-// The largest of each of `count` 2×2 blocks of transform_output's y: out [count][LANES], a 2×2 max pool's windows.
+// The largest of each of `count` 2×2 blocks of transform_output's y, its first `lanes`: out [count][LANES], a 2×2
+// max pool's windows.
 __attribute__((target("avx2"))) void largest_of_blocks(const int32_t (*y)[2 * TILE * LANES], int64_t count,
-                                                       int32_t *out) {
+                                                       int64_t lanes, int32_t *out) {
     for (int64_t j = 0; j < count; ++j)
-        for (int64_t half = 0; half < LANES; half += 8) {
+        for (int64_t half = 0; half < lanes; half += 8) {
             __m256i largest = _mm256_load_si256(reinterpret_cast<const __m256i *>(y[0] + 2 * j * LANES + half));
             for (int k = 1; k < 4; ++k)
                 largest = _mm256_max_epi32(largest, _mm256_load_si256(reinterpret_cast<const __m256i *>(
@@ -1640,7 +1641,7 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         transform_output(m, count, lanes, y);
         if (pooled) {
             alignas(32) int32_t largest[TILE * LANES];
-            largest_of_blocks(y, count, largest);
+            largest_of_blocks(y, count, lanes, largest);
             const int64_t rows = out_h / 2, columns = out_w / 2;  // a last row or column of blocks half outside: dropped
             for (int64_t j = 0, run; j < count; j += run) {
                 const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;

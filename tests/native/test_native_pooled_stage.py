@@ -104,3 +104,15 @@ def test_by_winograd_a_block_of_outputs_is_a_window(size, dst, monkeypatch):
         got, ran, expected = layer_then_pool(src, conv, (2, 2))
         assert np.array_equal(got, expected)
         assert ran == "lpt:s16_winograd_avx2_pooled"
+
+
+def test_a_batch_runs_a_few_images_at_a_time():
+    """Two images of 3072×3072 (each its own chunk within the layer's 64 MB of scratch): the second image's
+    windows land after the first's."""
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 256, (2, 1, 3072, 3072)).astype(np.uint8)
+    conv = lpt.native.Conv(np.array([[[[3]]], [[[-2]]]], np.int8), src_zero_point=9,
+                           multiplier=np.array([0.01, 0.02], np.float32), post_ops=(Relu(),),
+                           dst_scale=np.float32(0.05), dst_dtype=np.uint8, threads=2, route="s16")
+    got, ran, expected = layer_then_pool(src, conv, (2, 2))
+    assert ran == POOLED and np.array_equal(got, expected)
