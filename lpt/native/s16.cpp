@@ -437,7 +437,8 @@ __attribute__((target("avx2,fma"))) void clipped_levels(const Epilogue &e, const
         __m256i level[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         __m256 near = _mm256_setzero_ps();
         for (int k = 0; k < HALVES; ++k) {
-            const __m256 a = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + j * acc_stride + 8 * k)));
+            const int32_t *values = acc + j * acc_stride + 8 * k;
+            const __m256 a = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(values)));
             const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(a, multiplier[k], bias[k]), low), high);
             const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __m256 off = _mm256_andnot_ps(sign, _mm256_sub_ps(y, n));
@@ -748,8 +749,9 @@ __attribute__((target("avx2"))) void stage(const Epilogue &e, const int32_t *acc
         if (takes_one_clip(e)) {
             const bool slope = e.post_op_count == 1 && e.post_ops[1] != 1.0f;
             if (!slope && levels_apply(e)) {
-                const auto levels = e.levels.lane_bound ? (valid <= 8 ? clipped_levels<T, 1, true> : clipped_levels<T, 2, true>)
-                                                        : (valid <= 8 ? clipped_levels<T, 1, false> : clipped_levels<T, 2, false>);
+                const auto levels = e.levels.lane_bound
+                                        ? (valid <= 8 ? clipped_levels<T, 1, true> : clipped_levels<T, 2, true>)
+                                        : (valid <= 8 ? clipped_levels<T, 1, false> : clipped_levels<T, 2, false>);
                 levels(e, acc, acc_stride, count, c0, valid, out, out_stride);
                 return;
             }
@@ -1642,7 +1644,8 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
         if (pooled) {
             alignas(32) int32_t largest[TILE * LANES];
             largest_of_blocks(y, count, lanes, largest);
-            const int64_t rows = out_h / 2, columns = out_w / 2;  // a last row or column of blocks half outside: dropped
+            // a last row or column of blocks half outside the output: dropped, as the pool drops it
+            const int64_t rows = out_h / 2, columns = out_w / 2;
             for (int64_t j = 0, run; j < count; j += run) {
                 const int64_t tile = first + j, tx = tile % tiles_w, row_of_tiles = tile / tiles_w;
                 run = std::min(count - j, tiles_w - tx);
@@ -1955,8 +1958,9 @@ void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, in
 
 void convolve_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
                             int64_t w, int64_t pool_h, int64_t pool_w, const Epilogue &e, void *out, int threads) {
-    write_staged([&](const auto &sink) { each_pooled_tile(wide, packed, g, images, h, w, pool_h, pool_w, threads, sink); },
-                 g, e, out);
+    write_staged([&](const auto &sink) {
+        each_pooled_tile(wide, packed, g, images, h, w, pool_h, pool_w, threads, sink);
+    }, g, e, out);
 }
 
 void winograd_pooled_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
