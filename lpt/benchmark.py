@@ -32,7 +32,9 @@ from threadpoolctl import threadpool_limits
 from lpt.backend import compile_model, native_program
 from lpt.export.portable import to_portable
 from lpt.limits import bounded_threads
+from lpt.errors import ModelError
 from lpt.model_io import clone, to_proto
+from lpt.summary import is_quantized
 from lpt.transformations.pipeline import transform
 
 
@@ -128,6 +130,9 @@ def benchmark(fq_model: ir.Model, feeds: dict[str, np.ndarray], *, fp32_model: i
     """Median latency on `feeds` of lpt's int8 plan, onnxruntime on the FQ (QDQ) model with its
     own int8 kernels, OpenVINO on the same FQ model where installed, and onnxruntime on the fp32
     model when given."""
+    if not is_quantized(fq_model):
+        raise ModelError("the model is not quantized (no fake-quantization, no int8 layers): lpt's plan would run it "
+                         "in float32; quantize it first (lpt quantize writes NAME.fq.onnx)")
     threads = bounded_threads(threads)
     int8 = clone(fq_model)
     transform(int8)

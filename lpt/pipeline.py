@@ -39,11 +39,10 @@ from lpt.errors import DataError, ModelError, QuantizationError
 from lpt.execute import CrossCheck, check_samples, cross_check, run_plan
 from lpt.export.int8 import ExportReport, to_standard_int8
 from lpt.graph.fake_quantize_op import is_fake_quantize
-from lpt.graph.ops import QUANTIZED_OPS
 from lpt.graph.rewrite import replace_value
 from lpt.model_io import clone, prepare, read_model, to_proto
 from lpt.normalize import normalize
-from lpt.summary import OpPrecision, op_precisions, summarize
+from lpt.summary import OpPrecision, is_quantized, op_precisions
 from lpt.transformations.pipeline import transform
 
 logger = logging.getLogger(__name__)
@@ -200,8 +199,7 @@ def quantize(model: str | os.PathLike | ir.Model, data=None, *, preset: str | No
     fq_model = clone(original)
     normalize(fq_model)
     # Fake-quantized, or quantized in a form lpt runs as it is (DynamicQuantizeLinear + ConvInteger).
-    already_quantized = bool(summarize(fq_model).fake_quantized) or any(
-        n.op_type in QUANTIZED_OPS for n in ir.traversal.RecursiveGraphIterator(fq_model.graph))
+    already_quantized = is_quantized(fq_model)
     calibration = accuracy_control = dynamic_report = None
     if dynamic:
         if already_quantized:

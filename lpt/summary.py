@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from lpt.graph.constants import const_array
 from lpt.graph.fake_quantize_op import is_fake_quantize, read_fake_quantize
-from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS
+from lpt.graph.ops import PRECISION_PRESERVING_OPS, QUANTIZABLE_OPS, QUANTIZED_OPS
 
 
 
@@ -88,6 +88,13 @@ def _unquantized_reason(node: ir.Node) -> str | None:
     if not missing:
         return None
     return " and ".join(missing) + (" is" if len(missing) == 1 else " are") + " not fake-quantized"
+
+
+def is_quantized(model: ir.Model) -> bool:
+    """Whether a normalized model is fake-quantized, or quantized in a form lpt runs as it is (an int8 graph,
+    DynamicQuantizeLinear + ConvInteger)."""
+    nodes = ir.traversal.RecursiveGraphIterator(model.graph)
+    return any(is_fake_quantize(n) or n.op_type in QUANTIZED_OPS for n in nodes)
 
 
 def summarize(model: ir.Model) -> ModelSummary:

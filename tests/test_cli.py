@@ -122,6 +122,18 @@ def test_run_reads_a_test_file_whose_labels_are_not_inputs(tmp_path):
     assert result.output.startswith("540 samples")
 
 
+def test_bench_of_a_model_that_is_not_quantized_says_so():
+    """An fp32 model has no int8 plan to time: one line, exit 1 (it ran in float32 under "lpt int8" before)."""
+    from pathlib import Path
+
+    models = Path(__file__).parent.parent / "models"
+    result = invoke("bench", models / "digits_cnn.onnx", "--data", models / "digits_cnn.npz", "--repeats", 1)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: the model is not quantized (no fake-quantization, no int8 layers): lpt's plan would run it in "
+        "float32; quantize it first (lpt quantize writes NAME.fq.onnx)"]
+
+
 def test_bench_reports_medians_and_ratios_as_json():
     from pathlib import Path
 
