@@ -1505,6 +1505,18 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     const bool narrow = !pool && !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
     if (weights.empty() && !narrow)
         weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
+    if (op.depthwise) {  // reads the source itself (pairs of it, band by band)
+        if (staged)
+            lpt_s16::depthwise_staged(src, signed_src, channels_last_src, src_zero_point, weights.data(), g, images, h,
+                                      w, epilogue, out, op.threads);
+        else
+            finish_s16(op, images, positions, dst, conv && !channels_last_out, out, [&](int32_t *acc) {
+                lpt_s16::depthwise(src, signed_src, channels_last_src, src_zero_point, weights.data(), g, images, h, w,
+                                   acc, op.threads);
+            });
+        op.last_impl = "lpt:s16_avx2";
+        return;
+    }
     thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     const int64_t wide_size = lpt_s16::widened_size(widening, images, h, w);
@@ -1520,9 +1532,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         if (narrow) {
             lpt_s16::convolve_staged(widened, op.narrow.data(), g, images, h, w, epilogue, out, op.threads);
         } else {
-            const auto staged = op.depthwise ? lpt_s16::depthwise_staged
-                                : winograd    ? lpt_s16::winograd_staged
-                                              : lpt_s16::convolve_staged<int16_t>;
+            const auto staged = winograd ? lpt_s16::winograd_staged : lpt_s16::convolve_staged<int16_t>;
             staged(widened, weights.data(), g, images, h, w, epilogue, out, op.threads);
         }
     } else {
@@ -1530,8 +1540,7 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             if (narrow) {
                 lpt_s16::convolve(widened, op.narrow.data(), g, images, h, w, acc, op.threads);
             } else {
-                const auto accumulate = op.depthwise ? lpt_s16::depthwise : winograd ? lpt_s16::winograd
-                                      : lpt_s16::convolve<int16_t>;
+                const auto accumulate = winograd ? lpt_s16::winograd : lpt_s16::convolve<int16_t>;
                 accumulate(widened, weights.data(), g, images, h, w, acc, op.threads);
             }
         });

@@ -15,7 +15,7 @@
 // registers; each step broadcasts one int32 (a pair of source values) per position. When the
 // caller gives the output stage (convolve_staged), each tile's accumulators go through it while
 // they are in registers, so no int32 tensor is written. Depthwise convolutions have their own
-// loop (depthwise_block): no reduction over channels to pair, so it pairs taps instead.
+// loop (each_depthwise_tile): no reduction over channels to pair, so it pairs a kernel row's taps instead.
 // 3×3 convolutions of stride 1 may run by integer Winograd (each_winograd_tile, s16.h says why it
 // is exact): the source and the weights transformed, 16 products per 2×2 block by the same tile
 // kernel, the outputs transformed back before the output stage; dilated ones phase by phase.
@@ -1390,90 +1390,126 @@ void each_byte_tile(const uint8_t *padded, const Outside &outside, const ByteWei
 
 namespace {
 
-// One position's window for a block of 16 channels: Σ_taps (q − zp)·w, two taps at a time. The two
-// taps' sources interleaved per channel (unpacklo: channels 0-3 and 8-11, unpackhi: 4-7 and 12-15)
-// meet the weights packed the same way (pack_depthwise_weights), and vpmaddwd adds each channel's
-// two products in int32: exact, as each is at most 255·128. `offsets` holds each tap's place in the
-// window, the last one repeated for an odd count (its weights are zeros).
-__attribute__((target("avx2"))) void depthwise_block(const int16_t *window, const int16_t *weights,
-                                                     const int64_t *offsets, int64_t pairs, int32_t *acc) {
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();  // channels 0-3|8-11, 4-7|12-15
-    for (int64_t q = 0; q < pairs; ++q, weights += 2 * LANES) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + offsets[2 * q]));
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(window + offsets[2 * q + 1]));
-        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b),
-                                                      _mm256_load_si256(reinterpret_cast<const __m256i *>(weights))));
-        high = _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b),
-                                                        _mm256_load_si256(reinterpret_cast<const __m256i *>(weights + LANES))));
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), _mm256_permute2x128_si256(low, high, 0x20));
-    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 8), _mm256_permute2x128_si256(low, high, 0x31));
-}
-
-// The same for P positions `step` int16 apart along a row of the source (an output row's neighbours): each
-// pair of taps' weights and offsets read once for the P, and P·2 independent sums.
+// A run of P positions `step` int16 apart along a row of one block's pairs (pair_block_row) against its weights
+// (pack_depthwise_weights): per kernel row and pair of taps, two vpmaddwd per position (channels 0-7, 8-15), each
+// adding a channel's two products in int32. The pairs are laid out as vpmaddwd takes them: no shuffle.
 template <int P>
-__attribute__((target("avx2"))) void depthwise_blocks(const int16_t *window, int64_t step, const int16_t *weights,
-                                                      const int64_t *offsets, int64_t pairs, int32_t *acc) {
+__attribute__((target("avx2"))) void paired_blocks(const int16_t *window, int64_t step, int64_t row_step,
+                                                   int64_t pair_step, const int16_t *weights, int64_t rows,
+                                                   int64_t pairs, int32_t *acc) {
     __m256i low[P], high[P];
     for (int j = 0; j < P; ++j) low[j] = high[j] = _mm256_setzero_si256();
-    for (int64_t q = 0; q < pairs; ++q, weights += 2 * LANES) {
-        const __m256i w_low = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights));
-        const __m256i w_high = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights + LANES));
-        const int16_t *first = window + offsets[2 * q], *second = window + offsets[2 * q + 1];
-        for (int j = 0; j < P; ++j) {
-            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(first + j * step));
-            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(second + j * step));
-            low[j] = _mm256_add_epi32(low[j], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w_low));
-            high[j] = _mm256_add_epi32(high[j], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w_high));
+    for (int64_t ky = 0; ky < rows; ++ky, window += row_step)
+        for (int64_t q = 0; q < pairs; ++q, weights += 2 * LANES) {
+            const __m256i w_low = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights));
+            const __m256i w_high = _mm256_load_si256(reinterpret_cast<const __m256i *>(weights + LANES));
+            const int16_t *at = window + q * pair_step;
+            for (int j = 0; j < P; ++j) {
+                const __m256i *v = reinterpret_cast<const __m256i *>(at + j * step);
+                low[j] = _mm256_add_epi32(low[j], _mm256_madd_epi16(_mm256_load_si256(v), w_low));
+                high[j] = _mm256_add_epi32(high[j], _mm256_madd_epi16(_mm256_load_si256(v + 1), w_high));
+            }
         }
-    }
     for (int j = 0; j < P; ++j) {
-        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES), _mm256_permute2x128_si256(low[j], high[j], 0x20));
-        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES + 8), _mm256_permute2x128_si256(low[j], high[j], 0x31));
+        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES), low[j]);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(acc + j * LANES + 8), high[j]);
     }
 }
 constexpr int DEPTHWISE_POSITIONS = 4;
 
-// Every run of RUN_TILES·TILE positions of one block of 16 channels of a depthwise convolution,
-// handed to sink as each_tile hands a convolution's.
-template <typename Sink>
-void each_depthwise_tile(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                         int64_t w, int threads, const Sink &sink) {
-    const int64_t c2 = g.padded_channels(), wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
-    const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
-    constexpr int64_t RUN = RUN_TILES * TILE;
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
-    const int64_t taps = g.kernel_h * g.kernel_w, pairs = (taps + 1) / 2, block_size = pairs * 2 * LANES;
-    std::vector<int64_t> offsets(2 * pairs);  // each tap's place in a window, in int16 of the widened source
-    for (int64_t t = 0; t < 2 * pairs; ++t) {
-        const int64_t tap = std::min(t, taps - 1);
-        offsets[t] = tap / g.kernel_w * g.dilation_h * wp * c2 + tap % g.kernel_w * g.dilation_w * c2;
+// Block b's values of the padded source row yp (q − zero_point in int16; zeros in the pads and past the
+// channels), each beside the value dilation_w positions to its right, as vpmaddwd takes two taps of a kernel
+// row: out [wp][channels 0-7's pairs, then 8-15's] (vpunpck*wd interleave two positions' values per 128-bit
+// lane, channels 0-3 | 8-11 and 4-7 | 12-15, and the lanes are regrouped). line: scratch of (wp + dilation_w)·16.
+__attribute__((target("avx2"))) void pair_block_row(const uint8_t *src, bool signed_src, bool channels_last,
+                                                    int zero_point, const Geometry &g, int64_t n, int64_t h,
+                                                    int64_t w, int64_t b, int64_t yp, int16_t *line, int16_t *out) {
+    const int64_t wp = w + g.pad_left + g.pad_right, d = g.dilation_w, y = yp - g.pad_top, c = g.in_channels;
+    const int64_t first = b * LANES, valid = std::min(LANES, c - first);
+    if (y < 0 || y >= h) {
+        std::memset(out, 0, wp * 2 * LANES * sizeof(int16_t));
+        return;
     }
-    const int64_t *tap_offsets = offsets.data();
-    const int64_t work = images * positions * g.out_channels * taps;
-    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * runs, [=](int64_t task) {
-        // the blocks of one run of positions one after another, while the run's windows are in the caches: block
-        // by block over the whole map instead, each block's pass read its 32 bytes of every 64-byte line of the
-        // widened source again (a 7×7 depthwise convolution of 96 channels over 160×160, Zen 3, one thread,
-        // alternating: 14.7 → 11.0 ms, and 9.1 with depthwise_blocks)
-        const int64_t n = task / (blocks * runs), b = task % blocks, first = task / blocks % runs * RUN;
-        const int64_t count = std::min(RUN, positions - first);
-        alignas(32) int32_t acc[RUN * LANES];
-        int64_t oy = first / out_w, ox = first % out_w;  // of the position j below, kept as j advances
-        for (int64_t j = 0; j < count;) {
-            const int16_t *window = wide + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c2 + b * LANES;
-            if (j + DEPTHWISE_POSITIONS <= count && ox + DEPTHWISE_POSITIONS <= out_w) {
-                depthwise_blocks<DEPTHWISE_POSITIONS>(window, g.stride_w * c2, packed + b * block_size, tap_offsets,
-                                                      pairs, acc + j * LANES);
-                j += DEPTHWISE_POSITIONS, ox += DEPTHWISE_POSITIONS;
-            } else {
-                depthwise_block(window, packed + b * block_size, tap_offsets, pairs, acc + j * LANES);
-                ++j, ++ox;
-            }
-            if (ox == out_w) ox = 0, ++oy;
+    int16_t *interior = line + g.pad_left * LANES;
+    if (channels_last && valid == LANES) {  // every value of the interior written: only the pads zeroed
+        std::memset(line, 0, g.pad_left * LANES * sizeof(int16_t));
+        std::memset(interior + w * LANES, 0, (g.pad_right + d) * LANES * sizeof(int16_t));
+        const uint8_t *in = src + (n * h + y) * w * c + first;
+        const __m256i zp = _mm256_set1_epi16((int16_t)zero_point);
+        for (int64_t x = 0; x < w; ++x) {
+            const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + x * c));
+            const __m256i words = signed_src ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(interior + x * LANES), _mm256_sub_epi16(words, zp));
         }
-        sink(acc, n * positions + first, count, 1, b * LANES, std::min(LANES, g.out_channels - b * LANES));
+    } else {
+        std::memset(line, 0, (wp + d) * LANES * sizeof(int16_t));
+        for (int64_t k = 0; k < valid; ++k)
+            for (int64_t x = 0; x < w; ++x) {
+                const uint8_t q = channels_last ? src[((n * h + y) * w + x) * c + first + k]
+                                                : src[((n * c + first + k) * h + y) * w + x];
+                interior[x * LANES + k] = (int16_t)((signed_src ? (int)(int8_t)q : (int)q) - zero_point);
+            }
+    }
+    for (int64_t x = 0; x < wp; ++x) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(line + x * LANES));
+        const __m256i next = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(line + (x + d) * LANES));
+        const __m256i low = _mm256_unpacklo_epi16(a, next), high = _mm256_unpackhi_epi16(a, next);
+        __m256i *to = reinterpret_cast<__m256i *>(out + x * 2 * LANES);
+        _mm256_store_si256(to, _mm256_permute2x128_si256(low, high, 0x20));
+        _mm256_store_si256(to + 1, _mm256_permute2x128_si256(low, high, 0x31));
+    }
+}
+
+// A task's rows of pairs (pair_block_row) at most this many bytes, to be read from L2 by the kernel rows that
+// need them, and at least this many output rows, so that the rows two bands both read are paired twice less often.
+constexpr int64_t PAIRED_BAND_BYTES = 192 << 10;
+constexpr int64_t MIN_PAIRED_BAND = 4;
+
+// Every row of positions of one block of 16 channels of a depthwise convolution, RUN_TILES·TILE at a time,
+// handed to sink as each_tile hands a convolution's. A task is a block's band of output rows: it pairs the
+// source rows they read (pair_block_row), then runs the kernel over them while they are in L2. Before, the kernel
+// read widen()'s channels-last int16 and interleaved two taps' sources by vpunpck*wd at every pair: a 7×7 layer of
+// 96 channels over 160×160 with its output stage (Zen 3, one thread, fastest of 120 runs, processes alternating)
+// 5.97 → 3.65 ms, a 3×3 of 48 channels 0.99 → 0.83 ms.
+template <typename Sink>
+void each_depthwise_tile(const uint8_t *src, bool signed_src, bool channels_last, int zero_point,
+                         const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w, int threads,
+                         const Sink &sink) {
+    const int64_t wp = w + g.pad_left + g.pad_right, out_h = g.out_h(h), out_w = g.out_w(w);
+    const int64_t positions = out_h * out_w, row_size = wp * 2 * LANES;
+    constexpr int64_t RUN = RUN_TILES * TILE;
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, kp = (g.kernel_w + 1) / 2;
+    const int64_t block_size = g.kernel_h * kp * 2 * LANES, reach = (g.kernel_h - 1) * g.dilation_h + 1;
+    const int64_t fitting = (PAIRED_BAND_BYTES / (row_size * (int64_t)sizeof(int16_t)) - reach) / g.stride_h + 1;
+    const int64_t band = std::min(out_h, std::max(fitting, MIN_PAIRED_BAND)), bands = (out_h + band - 1) / band;
+    const int64_t step = g.stride_w * 2 * LANES, row_step = g.dilation_h * row_size;
+    const int64_t pair_step = 2 * g.dilation_w * 2 * LANES;
+    const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
+    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * bands, [=](int64_t task) {
+        const int64_t n = task / (blocks * bands), b = task / bands % blocks, oy0 = task % bands * band;
+        const int64_t oy1 = std::min(out_h, oy0 + band), rows = (oy1 - 1 - oy0) * g.stride_h + reach;
+        thread_local std::vector<int16_t, CacheLineAllocator<int16_t>> pairs, line;
+        pairs.resize(rows * row_size);
+        line.resize((wp + g.dilation_w) * LANES);
+        for (int64_t r = 0; r < rows; ++r)
+            pair_block_row(src, signed_src, channels_last, zero_point, g, n, h, w, b, oy0 * g.stride_h + r,
+                           line.data(), pairs.data() + r * row_size);
+        const int16_t *weights = packed + b * block_size;
+        alignas(32) int32_t acc[RUN * LANES];
+        for (int64_t oy = oy0; oy < oy1; ++oy)
+            for (int64_t x0 = 0; x0 < out_w; x0 += RUN) {
+                const int64_t count = std::min(RUN, out_w - x0);
+                const int16_t *window = pairs.data() + (oy - oy0) * g.stride_h * row_size + x0 * step;
+                int64_t j = 0;
+                for (; j + DEPTHWISE_POSITIONS <= count; j += DEPTHWISE_POSITIONS)
+                    paired_blocks<DEPTHWISE_POSITIONS>(window + j * step, step, row_step, pair_step, weights,
+                                                       g.kernel_h, kp, acc + j * LANES);
+                for (; j < count; ++j)
+                    paired_blocks<1>(window + j * step, step, row_step, pair_step, weights, g.kernel_h, kp,
+                                     acc + j * LANES);
+                sink(acc, n * positions + oy * out_w + x0, count, 1, b * LANES,
+                     std::min(LANES, g.out_channels - b * LANES));
+            }
     });
 }
 
@@ -1711,16 +1747,16 @@ void each_winograd_tile(const int16_t *wide, const int16_t *packed, const Geomet
 }  // namespace
 
 PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
-    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, taps = g.kernel_h * g.kernel_w, pairs = (taps + 1) / 2;
-    PackedWeights packed(blocks * pairs * 2 * LANES, 0);
+    const int64_t blocks = (g.out_channels + LANES - 1) / LANES, kp = (g.kernel_w + 1) / 2;
+    PackedWeights packed(blocks * g.kernel_h * kp * 2 * LANES, 0);
     for (int64_t c = 0; c < g.out_channels; ++c)
-        for (int64_t tap = 0; tap < taps; ++tap) {
-            // lane c % 16 of its block: 128-bit half lane / 8, word lane % 8 of it, which the unpacklo
-            // (words 0-3) or the unpackhi (4-7) of the pair's two sources holds at 2·(word % 4) + which tap
-            const int64_t lane = c % LANES, half = lane / 8, word = lane % 8;
-            const int64_t slot = half * 8 + (word % 4) * 2 + tap % 2;
-            packed[(((c / LANES) * pairs + tap / 2) * 2 + word / 4) * LANES + slot] = weights[c * taps + tap];
-        }
+        for (int64_t ky = 0; ky < g.kernel_h; ++ky)
+            for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+                // as pair_block_row lays out a channel's pairs: channels 0-7 then 8-15 of the block, two taps each
+                const int64_t lane = c % LANES, slot = lane / 8 * LANES + lane % 8 * 2 + kx % 2;
+                packed[(((c / LANES) * g.kernel_h + ky) * kp + kx / 2) * 2 * LANES + slot] =
+                    weights[(c * g.kernel_h + ky) * g.kernel_w + kx];
+            }
     return packed;
 }
 
@@ -2002,10 +2038,11 @@ NarrowWeights narrow_weights(const PackedWeights &packed) {
     return NarrowWeights(packed.begin(), packed.end());  // int8 weights, packed as int16: every value fits
 }
 
-void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
-               int32_t *acc, int threads) {
-    write_accumulators([&](const auto &sink) { each_depthwise_tile(wide, packed, g, images, h, w, threads, sink); },
-                       g, acc);
+void depthwise(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const int16_t *packed,
+               const Geometry &g, int64_t images, int64_t h, int64_t w, int32_t *acc, int threads) {
+    write_accumulators([&](const auto &sink) {
+        each_depthwise_tile(src, signed_src, channels_last, zero_point, packed, g, images, h, w, threads, sink);
+    }, g, acc);
 }
 
 void winograd(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
@@ -2020,10 +2057,12 @@ void winograd_staged(const int16_t *wide, const int16_t *packed, const Geometry 
                  out);
 }
 
-void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                      int64_t w, const Epilogue &e, void *out, int threads) {
-    write_staged([&](const auto &sink) { each_depthwise_tile(wide, packed, g, images, h, w, threads, sink); }, g, e,
-                 out);
+void depthwise_staged(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const int16_t *packed,
+                      const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e, void *out,
+                      int threads) {
+    write_staged([&](const auto &sink) {
+        each_depthwise_tile(src, signed_src, channels_last, zero_point, packed, g, images, h, w, threads, sink);
+    }, g, e, out);
 }
 
 }  // namespace lpt_s16

@@ -124,17 +124,20 @@ int64_t padded_bytes_size(const Geometry &g, int64_t images, int64_t h, int64_t 
 bool pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const Geometry &g,
                int64_t images, int64_t h, int64_t w, bool always, uint8_t *padded, Outside &outside, int threads);
 
-// Depthwise convolutions (one input and one output channel per group): the same widened source,
-// weights [C, 1, KH, KW] packed per block of 16 channels and pair of taps (kh·kw in order, the last
-// one paired with zeros when odd) as [block][pair][2][16], channels interleaved as two taps' sources
-// are by vpunpcklwd / vpunpckhwd. A product (q − zp)·w is at most 255·128 = 32 640 in magnitude, so
-// vpmaddwd adds a channel's two products exactly in int32; the sum over the window too.
+// Depthwise convolutions (one input and one output channel per group) read the source, not widen()'s form: each
+// band of output rows pairs the rows it reads, per block of 16 channels, each position's q − zero_point beside the
+// one dilation_w positions to its right in int16 (channels 0-7's pairs, then 8-15's), which is how vpmaddwd takes
+// two taps of a kernel row. The weights [C, 1, KH, KW] are packed the same way per block, kernel row and pair of
+// taps (an odd row's last tap paired with a zero): [block][row][pair][2·16]. A product (q − zp)·w is at most
+// 255·128 = 32 640 in magnitude, so vpmaddwd adds a channel's two products exactly in int32; the sum over the
+// window too.
 PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g);
-// What widen() must leave readable past the widened source: a block of 16 channels read whole (here
-// and by winograd()), or the value after a whole run.
+// What widen() must leave readable past the widened source: a block of 16 channels read whole (by
+// winograd()), or the value after a whole run.
 constexpr int64_t READ_SLACK = 16;
-void depthwise(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w,
-               int32_t *acc, int threads);
+// acc [images, out_h·out_w, C] from src [images, C, H, W] uint8 or int8 (channels-last: [images, H, W, C]).
+void depthwise(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const int16_t *packed,
+               const Geometry &g, int64_t images, int64_t h, int64_t w, int32_t *acc, int threads);
 
 // The output stage of lpt/native/_engine.cpp (and lpt.kernels.output_stage), as numbers:
 // x = f32(acc)·multiplier[c] + bias[c], each post-op in turn, then for an 8-bit destination
@@ -214,8 +217,9 @@ void winograd_pooled_staged(const int16_t *wide, const int16_t *packed, const Ge
 template <typename W>
 void convolve_staged(const int16_t *wide, const W *packed, const Geometry &g, int64_t images, int64_t h,
                      int64_t w, const Epilogue &e, void *out, int threads);
-void depthwise_staged(const int16_t *wide, const int16_t *packed, const Geometry &g, int64_t images, int64_t h,
-                      int64_t w, const Epilogue &e, void *out, int threads);
+void depthwise_staged(const uint8_t *src, bool signed_src, bool channels_last, int zero_point, const int16_t *packed,
+                      const Geometry &g, int64_t images, int64_t h, int64_t w, const Epilogue &e, void *out,
+                      int threads);
 // convolve's and convolve_staged's results from pad_bytes's source and values outside the window (ByteWeights);
 // zero_point and signed_src as pad_bytes took them.
 void convolve_bytes(const uint8_t *padded, const Outside &outside, const ByteWeights &b, int zero_point,

@@ -129,6 +129,36 @@ def test_a_depthwise_convolution_over_several_blocks_of_sixteen_channels(route, 
     assert np.array_equal(conv.accumulate(src, channels_last=True), expected)
 
 
+@pytest.mark.skipif("s16" not in lpt.native.exact_routes(), reason="route s16 needs the native engine (built, "
+                    "LPT_ONEDNN not off) and AVX2")
+@pytest.mark.parametrize("kernel, strides, dilations", [((3, 3), (1, 1), (1, 1)), ((7, 7), (1, 1), (1, 1)),
+                                                        ((3, 3), (2, 2), (1, 1)), ((5, 3), (1, 2), (2, 3)),
+                                                        ((1, 5), (1, 1), (1, 1))])
+@pytest.mark.parametrize("src_dtype, zero_point", [(np.uint8, 7), (np.int8, -5)])
+def test_a_depthwise_layer_wider_than_a_band_on_s16(kernel, strides, dilations, src_dtype, zero_point):
+    """s16 pairs the source rows a band of output rows reads as long as they fit 192 kB: over a map 400 wide
+    a band is a few rows, and each band reads rows the one before it read too. 20 channels (a block and a part
+    of one), the extremes in the first channels and on the map's last rows, a channels-first source as well as
+    a channels-last one; the accumulators and the staged levels equal the reference."""
+    rng = np.random.default_rng(sum(kernel) + strides[0])
+    channels, info = 20, np.iinfo(src_dtype)
+    weights = rng.integers(-128, 128, (channels, 1) + kernel).astype(np.int8)
+    weights[:2] = -128
+    src = rng.integers(info.min, int(info.max) + 1, (2, channels, 23, 400)).astype(src_dtype)
+    src[:, :2], src[:, :, -3:] = info.max, info.min
+    window = dict(groups=channels, strides=strides, dilations=dilations, pads=(2, 1, 1, 3))
+    expected = conv_reference(src, weights, zero_point, **window).astype(np.int32)
+    stage = dict(multiplier=rng.uniform(1e-4, 3e-4, channels).astype(np.float32), dst_scale=np.float32(0.1),
+                 dst_zero_point=np.int32(128))
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route="s16", threads=2, dst_dtype=np.uint8,
+                           **stage, **window)
+    channels_last = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)
+    for source in (src, channels_last):
+        assert np.array_equal(conv.accumulate(source), expected)
+        assert same_bits(np.ascontiguousarray(conv(source, channels_last=True)),
+                         output_stage(expected, bias=None, qmin=0, qmax=255, **stage))
+
+
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("channels", [24, 17, 40])
 @pytest.mark.parametrize("kernel, strides, pads", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (1, 1), (0, 0, 1, 1)),
