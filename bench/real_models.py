@@ -28,7 +28,8 @@ For each model of bench/corpus.tsv (copied from the project's shared/realmodels/
    `--threads` threads everywhere: onnxruntime fp32, lpt's plan, onnxruntime on the
    quantize_static model, OpenVINO on lpt's FQ model (where lpt quantized an LSTM/GRU's recurrence,
    on lpt's FQ model with its recurrences left f32: OpenVINO runs their Scan form slower than its own
-   LSTM); shown as ratios to onnxruntime fp32.
+   LSTM); shown as ratios to onnxruntime fp32, and lpt's as a ratio to the fastest other int8 engine (for a
+   model that comes quantized, onnxruntime's "fp32" run is of that int8 model, and counts as one).
 
 Every step runs in its own try/except, so one failure never stops the table; the first line
 of each error is kept (the whole message in the JSON). Each model runs in its own process,
@@ -150,6 +151,7 @@ def fetch(entry: Entry, cache: Path) -> Path:
 class ModelResult:
     name: str
     bytes: int
+    comes_quantized: bool = False  # its "onnxruntime fp32" latency is then onnxruntime's int8 on the model as shipped
     steps: dict[str, str] = field(default_factory=dict)  # step -> "ok" | "fail" | "skip"
     errors: dict[str, str] = field(default_factory=dict)  # step -> first line of the error, or why skipped
     details: dict[str, str] = field(default_factory=dict)  # step -> the whole error message (JSON only)
@@ -186,10 +188,20 @@ class ModelResult:
         base = self.latency_ms.get("onnxruntime fp32")
         return {k: v / base for k, v in self.latency_ms.items() if base and k != "onnxruntime fp32"}
 
+    def ratio_to_fastest_peer(self) -> float | None:
+        """lpt's latency over the fastest other int8 engine's: onnxruntime's on quantize_static's model, OpenVINO's
+        on lpt's FQ model, and onnxruntime's on the model itself where it comes quantized."""
+        peers = [self.latency_ms.get("onnxruntime quantize_static"), self.latency_ms.get("openvino FQ")]
+        if self.comes_quantized:
+            peers.append(self.latency_ms.get("onnxruntime fp32"))
+        peers = [ms for ms in peers if ms]
+        return self.latency_ms["lpt"] / min(peers) if peers and self.latency_ms.get("lpt") else None
+
     def to_dict(self) -> dict:
         out = asdict(self)
         del out["running"]
-        out.update(passed=self.passed, first_error=self.first_error, latency_ratio_to_onnxruntime_fp32=self.ratios())
+        out.update(passed=self.passed, first_error=self.first_error, latency_ratio_to_onnxruntime_fp32=self.ratios(),
+                   latency_ratio_to_fastest_int8_peer=self.ratio_to_fastest_peer())
         return out
 
 
@@ -345,7 +357,7 @@ class Prepared:
 
 def run_model(entry: Entry, corpus: list[Entry], args, work: Path) -> ModelResult:
     """Every step on one model, each recorded in the result whether it passes or not."""
-    result = ModelResult(entry.name, entry.bytes)
+    result = ModelResult(entry.name, entry.bytes, entry.already_quantized)
     prepared = prepare(entry, corpus, args, work, result)
     if prepared is None:
         return result
@@ -540,14 +552,16 @@ def print_table(results: list[ModelResult], width: int | None) -> None:
     from rich.table import Table
 
     table = Table(title="lpt on the real-model corpus (SQNR in dB vs fp32, worst output; LSB: lpt's integers vs the FQ "
-                  "model in onnxruntime, each layer fed the same integers / end to end; latency as x onnxruntime fp32)",
+                  "model in onnxruntime, each layer fed the same integers / end to end; latency as x onnxruntime fp32, "
+                  "and lpt over the fastest other int8 engine: a model that comes quantized counts onnxruntime on it)",
                   title_justify="left")
     for header, justify in (("model", "left"), ("MB", "right"), ("quant", "center"), ("check", "center"),
                             ("ort", "center"), ("ov", "center"), ("run", "center"), ("int8/f32 ops", "right"),
                             ("LSB layer/e2e", "right"),
                             ("SQNR lpt", "right"),
                             ("SQNR ort qs", "right"), ("SQNR nncf", "right"), ("fp32 ms", "right"),
-                            ("lpt x", "right"), ("ort qs x", "right"), ("ov x", "right"), ("first error", "left")):
+                            ("lpt x", "right"), ("ort qs x", "right"), ("ov x", "right"), ("lpt / peer", "right"),
+                            ("first error", "left")):
         table.add_column(header, justify=justify, overflow="fold")
     for r in results:
         ratios = r.ratios()
@@ -560,7 +574,7 @@ def print_table(results: list[ModelResult], width: int | None) -> None:
                       _db(r.sqnr_db.get("lpt")), _db(r.sqnr_db.get("quantize_static")),
                       _db(r.sqnr_db.get("nncf")), "-" if fp32 is None else f"{fp32:.2f}", _ratio(ratios.get("lpt")),
                       _ratio(ratios.get("onnxruntime quantize_static")), _ratio(ratios.get("openvino FQ")),
-                      error[:160])
+                      _ratio(r.ratio_to_fastest_peer()), error[:160])
     console = Console(width=width or (None if sys.stdout.isatty() else 250))
     console.print(table)
     passed = sum(r.passed for r in results)
@@ -694,7 +708,7 @@ def run_in_child(entry: Entry, args, work: Path) -> ModelResult:
             child.wait()
             break
         time.sleep(0.2)
-    result = ModelResult(entry.name, entry.bytes)
+    result = ModelResult(entry.name, entry.bytes, entry.already_quantized)
     if state.is_file():
         result = ModelResult(**json.loads(state.read_text()))
     if killed is None and child.returncode != 0:
