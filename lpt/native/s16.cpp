@@ -1417,40 +1417,41 @@ __attribute__((target("avx2"))) void paired_blocks(const int16_t *window, int64_
 }
 constexpr int DEPTHWISE_POSITIONS = 4;
 
-// Block b's values of the padded source row yp (q − zero_point in int16; zeros in the pads and past the
-// channels), each beside the value dilation_w positions to its right, as vpmaddwd takes two taps of a kernel
-// row: out [wp][channels 0-7's pairs, then 8-15's] (vpunpck*wd interleave two positions' values per 128-bit
-// lane, channels 0-3 | 8-11 and 4-7 | 12-15, and the lanes are regrouped). line: scratch of (wp + dilation_w)·16.
+// Block b's values of the padded source row yp, columns [first, end) (q − zero_point in int16; zeros in the pads
+// and past the channels), each beside the value dilation_w columns to its right, as vpmaddwd takes two taps of a
+// kernel row: out [end − first][channels 0-7's pairs, then 8-15's] (vpunpck*wd interleave two columns' values per
+// 128-bit lane, channels 0-3 | 8-11 and 4-7 | 12-15, and the lanes are regrouped). line: scratch of
+// (end − first + dilation_w)·16 int16.
 __attribute__((target("avx2"))) void pair_block_row(const uint8_t *src, bool signed_src, bool channels_last,
                                                     int zero_point, const Geometry &g, int64_t n, int64_t h,
-                                                    int64_t w, int64_t b, int64_t yp, int16_t *line, int16_t *out) {
-    const int64_t wp = w + g.pad_left + g.pad_right, d = g.dilation_w, y = yp - g.pad_top, c = g.in_channels;
-    const int64_t first = b * LANES, valid = std::min(LANES, c - first);
+                                                    int64_t w, int64_t b, int64_t yp, int64_t first, int64_t end,
+                                                    int16_t *line, int16_t *out) {
+    const int64_t d = g.dilation_w, y = yp - g.pad_top, c = g.in_channels, width = end - first;
     if (y < 0 || y >= h) {
-        std::memset(out, 0, wp * 2 * LANES * sizeof(int16_t));
+        std::memset(out, 0, width * 2 * LANES * sizeof(int16_t));
         return;
     }
-    int16_t *interior = line + g.pad_left * LANES;
-    if (channels_last && valid == LANES) {  // every value of the interior written: only the pads zeroed
-        std::memset(line, 0, g.pad_left * LANES * sizeof(int16_t));
-        std::memset(interior + w * LANES, 0, (g.pad_right + d) * LANES * sizeof(int16_t));
-        const uint8_t *in = src + (n * h + y) * w * c + first;
+    std::memset(line, 0, (width + d) * LANES * sizeof(int16_t));
+    const int64_t channel = b * LANES, valid = std::min(LANES, c - channel);
+    const int64_t x0 = std::max<int64_t>(0, first - g.pad_left), x1 = std::min(w, end + d - g.pad_left);
+    int16_t *at = line + (g.pad_left - first) * LANES;  // column x of the source at at + x·16
+    if (channels_last && valid == LANES) {
+        const uint8_t *in = src + (n * h + y) * w * c + channel;
         const __m256i zp = _mm256_set1_epi16((int16_t)zero_point);
-        for (int64_t x = 0; x < w; ++x) {
+        for (int64_t x = x0; x < x1; ++x) {
             const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + x * c));
             const __m256i words = signed_src ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(interior + x * LANES), _mm256_sub_epi16(words, zp));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(at + x * LANES), _mm256_sub_epi16(words, zp));
         }
     } else {
-        std::memset(line, 0, (wp + d) * LANES * sizeof(int16_t));
         for (int64_t k = 0; k < valid; ++k)
-            for (int64_t x = 0; x < w; ++x) {
-                const uint8_t q = channels_last ? src[((n * h + y) * w + x) * c + first + k]
-                                                : src[((n * c + first + k) * h + y) * w + x];
-                interior[x * LANES + k] = (int16_t)((signed_src ? (int)(int8_t)q : (int)q) - zero_point);
+            for (int64_t x = x0; x < x1; ++x) {
+                const uint8_t q = channels_last ? src[((n * h + y) * w + x) * c + channel + k]
+                                                : src[((n * c + channel + k) * h + y) * w + x];
+                at[x * LANES + k] = (int16_t)((signed_src ? (int)(int8_t)q : (int)q) - zero_point);
             }
     }
-    for (int64_t x = 0; x < wp; ++x) {
+    for (int64_t x = 0; x < width; ++x) {
         const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(line + x * LANES));
         const __m256i next = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(line + (x + d) * LANES));
         const __m256i low = _mm256_unpacklo_epi16(a, next), high = _mm256_unpackhi_epi16(a, next);
@@ -1464,42 +1465,57 @@ __attribute__((target("avx2"))) void pair_block_row(const uint8_t *src, bool sig
 // need them, and at least this many output rows, so that the rows two bands both read are paired twice less often.
 constexpr int64_t PAIRED_BAND_BYTES = 192 << 10;
 constexpr int64_t MIN_PAIRED_BAND = 4;
+// Tasks per thread a depthwise layer is cut into at least where its blocks and bands are fewer: its rows then
+// in strips of columns (a 1-D layer of 16 channels is one row of one block).
+constexpr int64_t DEPTHWISE_TASKS_PER_THREAD = 4;
+// Pairs a thread keeps between layers (a strip of a long 1-D row may be larger).
+constexpr size_t KEEP_PAIRED_BYTES = 8u << 20;
 
 // Every row of positions of one block of 16 channels of a depthwise convolution, RUN_TILES·TILE at a time,
-// handed to sink as each_tile hands a convolution's. A task is a block's band of output rows: it pairs the
-// source rows they read (pair_block_row), then runs the kernel over them while they are in L2. Before, the kernel
-// read widen()'s channels-last int16 and interleaved two taps' sources by vpunpck*wd at every pair: a 7×7 layer of
-// 96 channels over 160×160 with its output stage (Zen 3, one thread, fastest of 120 runs, processes alternating)
-// 5.97 → 3.65 ms, a 3×3 of 48 channels 0.99 → 0.83 ms.
+// handed to sink as each_tile hands a convolution's. A task is a block's band of output rows (or a strip of it):
+// it pairs the source rows they read (pair_block_row), then runs the kernel over them while they are in L2.
+// Before, the kernel read widen()'s channels-last int16 and interleaved two taps' sources by vpunpck*wd at every
+// pair: a 7×7 layer of 96 channels over 160×160 with its output stage (Zen 3, one thread, fastest of 120 runs,
+// processes alternating) 5.97 → 3.65 ms, a 3×3 of 48 channels 0.99 → 0.83 ms.
 template <typename Sink>
 void each_depthwise_tile(const uint8_t *src, bool signed_src, bool channels_last, int zero_point,
                          const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w, int threads,
                          const Sink &sink) {
     const int64_t wp = w + g.pad_left + g.pad_right, out_h = g.out_h(h), out_w = g.out_w(w);
-    const int64_t positions = out_h * out_w, row_size = wp * 2 * LANES;
+    const int64_t positions = out_h * out_w;
     constexpr int64_t RUN = RUN_TILES * TILE;
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, kp = (g.kernel_w + 1) / 2;
     const int64_t block_size = g.kernel_h * kp * 2 * LANES, reach = (g.kernel_h - 1) * g.dilation_h + 1;
-    const int64_t fitting = (PAIRED_BAND_BYTES / (row_size * (int64_t)sizeof(int16_t)) - reach) / g.stride_h + 1;
+    const int64_t row_bytes = wp * 2 * LANES * (int64_t)sizeof(int16_t);
+    const int64_t fitting = (PAIRED_BAND_BYTES / row_bytes - reach) / g.stride_h + 1;
     const int64_t band = std::min(out_h, std::max(fitting, MIN_PAIRED_BAND)), bands = (out_h + band - 1) / band;
-    const int64_t step = g.stride_w * 2 * LANES, row_step = g.dilation_h * row_size;
-    const int64_t pair_step = 2 * g.dilation_w * 2 * LANES;
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
-    lpt_parallel::for_each(work >= 16 * PARALLEL_WORK ? threads : 1, images * blocks * bands, [=](int64_t task) {
-        const int64_t n = task / (blocks * bands), b = task / bands % blocks, oy0 = task % bands * band;
-        const int64_t oy1 = std::min(out_h, oy0 + band), rows = (oy1 - 1 - oy0) * g.stride_h + reach;
+    const int workers = work >= 16 * PARALLEL_WORK ? threads : 1;
+    const int64_t wanted = (DEPTHWISE_TASKS_PER_THREAD * workers + images * blocks * bands - 1) / (images * blocks * bands);
+    const int64_t strips = std::min((out_w + RUN - 1) / RUN, wanted), strip = (out_w + strips - 1) / strips;
+    const int64_t step = g.stride_w * 2 * LANES, pair_step = 2 * g.dilation_w * 2 * LANES;
+    lpt_parallel::for_each(workers, images * blocks * bands * strips, [=](int64_t task) {
+        const int64_t n = task / (blocks * bands * strips), b = task / (bands * strips) % blocks;
+        const int64_t oy0 = task / strips % bands * band, ox0 = task % strips * strip;
+        const int64_t oy1 = std::min(out_h, oy0 + band), ox1 = std::min(out_w, ox0 + strip);
+        if (ox0 >= ox1) return;
+        // the source rows and columns the band's strip reads: a pair's first column at most that of the last
+        // position's last pair
+        const int64_t rows = (oy1 - 1 - oy0) * g.stride_h + reach, first = ox0 * g.stride_w;
+        const int64_t end = (ox1 - 1) * g.stride_w + 2 * (kp - 1) * g.dilation_w + 1;
+        const int64_t row_size = (end - first) * 2 * LANES, row_step = g.dilation_h * row_size;
         thread_local std::vector<int16_t, CacheLineAllocator<int16_t>> pairs, line;
         pairs.resize(rows * row_size);
-        line.resize((wp + g.dilation_w) * LANES);
+        line.resize((end - first + g.dilation_w) * LANES);
         for (int64_t r = 0; r < rows; ++r)
-            pair_block_row(src, signed_src, channels_last, zero_point, g, n, h, w, b, oy0 * g.stride_h + r,
+            pair_block_row(src, signed_src, channels_last, zero_point, g, n, h, w, b, oy0 * g.stride_h + r, first, end,
                            line.data(), pairs.data() + r * row_size);
         const int16_t *weights = packed + b * block_size;
         alignas(32) int32_t acc[RUN * LANES];
         for (int64_t oy = oy0; oy < oy1; ++oy)
-            for (int64_t x0 = 0; x0 < out_w; x0 += RUN) {
-                const int64_t count = std::min(RUN, out_w - x0);
-                const int16_t *window = pairs.data() + (oy - oy0) * g.stride_h * row_size + x0 * step;
+            for (int64_t x0 = ox0; x0 < ox1; x0 += RUN) {
+                const int64_t count = std::min(RUN, ox1 - x0);
+                const int16_t *window = pairs.data() + (oy - oy0) * g.stride_h * row_size + (x0 - ox0) * step;
                 int64_t j = 0;
                 for (; j + DEPTHWISE_POSITIONS <= count; j += DEPTHWISE_POSITIONS)
                     paired_blocks<DEPTHWISE_POSITIONS>(window + j * step, step, row_step, pair_step, weights,
@@ -1510,6 +1526,7 @@ void each_depthwise_tile(const uint8_t *src, bool signed_src, bool channels_last
                 sink(acc, n * positions + oy * out_w + x0, count, 1, b * LANES,
                      std::min(LANES, g.out_channels - b * LANES));
             }
+        if (pairs.capacity() * sizeof(int16_t) > KEEP_PAIRED_BYTES) decltype(pairs)().swap(pairs);
     });
 }
 

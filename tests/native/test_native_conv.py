@@ -159,6 +159,25 @@ def test_a_depthwise_layer_wider_than_a_band_on_s16(kernel, strides, dilations, 
                          output_stage(expected, bias=None, qmin=0, qmax=255, **stage))
 
 
+@pytest.mark.skipif("s16" not in lpt.native.exact_routes(), reason="route s16 needs the native engine (built, "
+                    "LPT_ONEDNN not off) and AVX2")
+@pytest.mark.parametrize("channels, kernel, stride, dilation", [(16, 7, 1, 1), (9, 5, 2, 3), (16, 4, 3, 1)])
+def test_a_one_dimensional_depthwise_layer_runs_in_strips_on_s16(channels, kernel, stride, dilation):
+    """One row of one block is one band: s16 cuts it into strips of columns for its threads, each pairing the
+    columns it reads (a strip's first and last pairs reach into its neighbours' columns and the pads)."""
+    rng = np.random.default_rng(channels + kernel)
+    weights = rng.integers(-128, 128, (channels, 1, kernel)).astype(np.int8)
+    src = rng.integers(0, 256, (1, channels, 3001)).astype(np.uint8)
+    src[:, :, -40:] = 255
+    window = dict(groups=channels, strides=(stride,), dilations=(dilation,), pads=(4, 2))
+    expected = conv_reference(src, weights, 9, **window).astype(np.int32)
+    stage = dict(multiplier=rng.uniform(1e-4, 3e-4, channels).astype(np.float32), dst_scale=np.float32(0.1),
+                 dst_zero_point=np.int32(128))
+    conv = lpt.native.Conv(weights, src_zero_point=9, route="s16", threads=2, dst_dtype=np.uint8, **stage, **window)
+    assert np.array_equal(conv.accumulate(src), expected)
+    assert same_bits(conv(src), output_stage(expected, bias=None, qmin=0, qmax=255, **stage))
+
+
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("channels", [24, 17, 40])
 @pytest.mark.parametrize("kernel, strides, pads", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (1, 1), (0, 0, 1, 1)),
