@@ -1475,8 +1475,9 @@ constexpr size_t KEEP_PAIRED_BYTES = 8u << 20;
 // handed to sink as each_tile hands a convolution's. A task is a block's band of output rows (or a strip of it):
 // it pairs the source rows they read (pair_block_row), then runs the kernel over them while they are in L2.
 // Before, the kernel read widen()'s channels-last int16 and interleaved two taps' sources by vpunpck*wd at every
-// pair: a 7×7 layer of 96 channels over 160×160 with its output stage (Zen 3, one thread, fastest of 120 runs,
-// processes alternating) 5.97 → 3.65 ms, a 3×3 of 48 channels 0.99 → 0.83 ms.
+// pair: a 7×7 layer of 96 channels over 160×160 with its output stage (Zen 3, one thread, the fastest of 120 runs
+// in each of three processes per build, alternating) 7.7-8.0 → 4.1-5.5 ms, a 3×3 of 48 channels 1.00-1.85 →
+// 0.93-1.49 ms.
 template <typename Sink>
 void each_depthwise_tile(const uint8_t *src, bool signed_src, bool channels_last, int zero_point,
                          const int16_t *packed, const Geometry &g, int64_t images, int64_t h, int64_t w, int threads,
@@ -1491,10 +1492,10 @@ void each_depthwise_tile(const uint8_t *src, bool signed_src, bool channels_last
     const int64_t band = std::min(out_h, std::max(fitting, MIN_PAIRED_BAND)), bands = (out_h + band - 1) / band;
     const int64_t work = images * positions * g.out_channels * g.kernel_h * g.kernel_w;
     const int workers = work >= 16 * PARALLEL_WORK ? threads : 1;
-    const int64_t wanted = (DEPTHWISE_TASKS_PER_THREAD * workers + images * blocks * bands - 1) / (images * blocks * bands);
+    const int64_t tasks = images * blocks * bands, wanted = (DEPTHWISE_TASKS_PER_THREAD * workers + tasks - 1) / tasks;
     const int64_t strips = std::min((out_w + RUN - 1) / RUN, wanted), strip = (out_w + strips - 1) / strips;
     const int64_t step = g.stride_w * 2 * LANES, pair_step = 2 * g.dilation_w * 2 * LANES;
-    lpt_parallel::for_each(workers, images * blocks * bands * strips, [=](int64_t task) {
+    lpt_parallel::for_each(workers, tasks * strips, [=](int64_t task) {
         const int64_t n = task / (blocks * bands * strips), b = task / (bands * strips) % blocks;
         const int64_t oy0 = task / strips % bands * band, ox0 = task % strips * strip;
         const int64_t oy1 = std::min(out_h, oy0 + band), ox1 = std::min(out_w, ox0 + strip);
