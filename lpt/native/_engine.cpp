@@ -1501,22 +1501,22 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         run_s16_bytes(op, src, images, h, w, positions, channels_last_src, signed_src, src_zero_point,
                       staged ? &epilogue : nullptr, dst, conv && !channels_last_out, out))
         return;
-    lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
-    const bool narrow = !pool && !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
-    if (weights.empty() && !narrow)
-        weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
-    if (op.depthwise) {  // reads the source itself (pairs of it, band by band)
+    if (op.depthwise) {  // reads the source itself (pairs of it, band by band); its weights packed when made
         if (staged)
-            lpt_s16::depthwise_staged(src, signed_src, channels_last_src, src_zero_point, weights.data(), g, images, h,
+            lpt_s16::depthwise_staged(src, signed_src, channels_last_src, src_zero_point, op.packed.data(), g, images, h,
                                       w, epilogue, out, op.threads);
         else
             finish_s16(op, images, positions, dst, conv && !channels_last_out, out, [&](int32_t *acc) {
-                lpt_s16::depthwise(src, signed_src, channels_last_src, src_zero_point, weights.data(), g, images, h, w,
+                lpt_s16::depthwise(src, signed_src, channels_last_src, src_zero_point, op.packed.data(), g, images, h, w,
                                    acc, op.threads);
             });
         op.last_impl = "lpt:s16_avx2";
         return;
     }
+    lpt_s16::PackedWeights &weights = winograd ? op.winograd_packed : op.packed;
+    const bool narrow = !pool && !winograd && !op.narrow.empty() && (op.packed.empty() || positions == 1);
+    if (weights.empty() && !narrow)
+        weights = winograd ? lpt_s16::pack_winograd_weights(op.weights.data(), g) : lpt_s16::pack_weights(op.weights.data(), g);
     thread_local Scratch<int16_t> wide;
     const lpt_s16::Geometry widening = winograd ? lpt_s16::winograd_widening(g, h, w) : g;
     const int64_t wide_size = lpt_s16::widened_size(widening, images, h, w);
@@ -1545,7 +1545,8 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
             }
         });
     }
-    op.last_impl = winograd ? "lpt:s16_winograd_avx2" : "lpt:s16_avx2";
+    op.last_impl = winograd ? (pool ? "lpt:s16_winograd_avx2_pooled" : "lpt:s16_winograd_avx2")
+                            : pool ? "lpt:s16_avx2_pooled" : "lpt:s16_avx2";
     if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();
 }
 
@@ -3755,7 +3756,6 @@ bool pool_in_stage(Program &program, const Instruction &layer, const Instruction
                 op.src_zero_point, op.stage.dst, true, o + first * out_image, (size_t)(dims[0] * out_image), nullptr,
                 &pool.pool);
     }
-    op.last_impl = winograd ? "lpt:s16_winograd_avx2_pooled" : "lpt:s16_avx2_pooled";
     return true;
 }
 

@@ -1437,12 +1437,7 @@ __attribute__((target("avx2"))) void pair_block_row(const uint8_t *src, bool sig
     int16_t *at = line + (g.pad_left - first) * LANES;  // column x of the source at at + x·16
     if (channels_last && valid == LANES) {
         const uint8_t *in = src + (n * h + y) * w * c + channel;
-        const __m256i zp = _mm256_set1_epi16((int16_t)zero_point);
-        for (int64_t x = x0; x < x1; ++x) {
-            const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + x * c));
-            const __m256i words = signed_src ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(at + x * LANES), _mm256_sub_epi16(words, zp));
-        }
+        for (int64_t x = x0; x < x1; ++x) widen_values(in + x * c, LANES, signed_src, zero_point, at + x * LANES);
     } else {
         for (int64_t k = 0; k < valid; ++k)
             for (int64_t x = x0; x < x1; ++x) {
