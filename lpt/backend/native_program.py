@@ -25,7 +25,7 @@ ENGINE = "native program"
 # Instructions worth a program of their own: their steps run numpy or lpt's C kernels in passes the
 # engine does in one (a quantize of a model's input alone: 0.28 against 0.13 ms for 108k values).
 # A layer's or a product's step already runs on the engine; a flatten is a reshape.
-_ON_ITS_OWN = ("quantize", "join", "max_pool", "mean")
+_ON_ITS_OWN = ("quantize", "join", "max_pool", "mean", "dynamic_layer")
 
 
 def fuse(steps: list[Step], plan_outputs: list[str], threads: int) -> list[Step]:

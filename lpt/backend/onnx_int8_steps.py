@@ -41,11 +41,17 @@ def _zero(value):
     return np.zeros((), np.int32) if value is None else value
 
 
+def convolution_window(node: ir.Node) -> dict:
+    """A ConvInteger's or QLinearConv's groups, strides, dilations, pads and auto_pad, as kernels.pack_conv takes them."""
+    return dict(groups=attribute(node, "group", 1), strides=attribute(node, "strides"),
+                dilations=attribute(node, "dilations"), pads=attribute(node, "pads"),
+                auto_pad=attribute(node, "auto_pad", "NOTSET"))
+
+
 def _runner(node: ir.Node, threads: int, native: bool):
     """run(*inputs) -> outputs for the op; its `engine` attribute names what computes a product (a
     ConvInteger's or MatMulInteger's) where it is one."""
-    window = dict(groups=attribute(node, "group", 1), strides=attribute(node, "strides"), dilations=attribute(node, "dilations"),
-                  pads=attribute(node, "pads"), auto_pad=attribute(node, "auto_pad", "NOTSET"))
+    window = convolution_window(node)
     op = node.op_type
     if op == "ConvInteger":
         weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
@@ -160,43 +166,69 @@ def _native_matmul_integer(node: ir.Node, threads: int, on_kernels):
     return run
 
 
-def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dict, threads: int, on_kernels):
-    """ConvInteger with constant weights on lpt's native engine, or None: as _native_matmul_integer, each
-    value Residuals adds back is one pass over an output channel, where its tap meets the source (the
-    padding holds the source's zero point, as in ONNX's ConvInteger: it adds nothing)."""
-    from lpt import native
+class NativeConvInteger:
+    """ConvInteger with constant weights on lpt's native engine: the Conv of w − zw (Residuals) and the values it
+    adds back, each one pass over an output channel where its tap meets the source (the padding holds the
+    source's zero point, as in ONNX's ConvInteger: it adds nothing)."""
 
-    if not native.available() or np.ndim(weight_zp) > 1 or not 3 <= weights.ndim <= 5:
-        return None
-    groups = window["groups"]
-    geometry = Window.of(weights.shape[2:], window["strides"], window["dilations"], window["pads"],
-                         window["auto_pad"]).with_fixed_pads()
-    if geometry is None:
-        return None
-    zero_points = np.reshape(weight_zp, (-1,) + (1,) * (weights.ndim - 1)).astype(np.int32)
-    shifted = Residuals(weights.astype(np.int32) - zero_points)
-    if not shifted.fits():
-        return None
-    try:
-        conv = native.Conv(shifted.weights, groups=groups, strides=geometry.strides, dilations=geometry.dilations,
-                           pads=geometry.pads, threads=threads)
-    except native.Unsupported:
-        return None
-    per_group_in, per_group_out = weights.shape[1], weights.shape[0] // groups
+    def __init__(self, conv, shifted: Residuals, geometry: Window, per_group_in: int, per_group_out: int):
+        self.conv, self.shifted, self.geometry = conv, shifted, geometry
+        self.per_group_in, self.per_group_out = per_group_in, per_group_out
 
-    def run(x, w, x_zp=None, w_zp=None):
-        zero_point = int(np.reshape(_zero(x_zp), ()))
-        acc = conv.accumulate(x, src_zero_point=zero_point)
-        for (oc, ic, *tap), value in shifted.entries:
-            region = _tap_region(tap, geometry, x.shape[2:], acc.shape[2:])
+    @classmethod
+    def make(cls, weights: np.ndarray, weight_zp: np.ndarray, window: dict, threads: int):
+        """The operation, or None where the engine does not take it."""
+        from lpt import native
+
+        if not native.available() or np.ndim(weight_zp) > 1 or not 3 <= weights.ndim <= 5:
+            return None
+        geometry = Window.of(weights.shape[2:], window["strides"], window["dilations"], window["pads"],
+                             window["auto_pad"]).with_fixed_pads()
+        if geometry is None:
+            return None
+        zero_points = np.reshape(weight_zp, (-1,) + (1,) * (weights.ndim - 1)).astype(np.int32)
+        shifted = Residuals(weights.astype(np.int32) - zero_points)
+        if not shifted.fits():
+            return None
+        try:
+            conv = native.Conv(shifted.weights, groups=window["groups"], strides=geometry.strides,
+                               dilations=geometry.dilations, pads=geometry.pads, threads=threads)
+        except native.Unsupported:
+            return None
+        return cls(conv, shifted, geometry, weights.shape[1], weights.shape[0] // window["groups"])
+
+    def source_channel(self, oc: int, ic: int) -> int:
+        return oc // self.per_group_out * self.per_group_in + ic
+
+    def accumulate(self, x: np.ndarray, zero_point: int) -> np.ndarray:
+        acc = self.conv.accumulate(x, src_zero_point=zero_point)
+        for (oc, ic, *tap), value in self.shifted.entries:
+            region = _tap_region(tap, self.geometry, x.shape[2:], acc.shape[2:])
             if region is not None:
                 outputs, sources = region
-                channel = oc // per_group_out * per_group_in + ic
-                acc[(slice(None), oc) + outputs] += value * (x[(slice(None), channel) + sources].astype(np.int32)
-                                                             - zero_point)
-        return [acc]
+                acc[(slice(None), oc) + outputs] += value * (x[(slice(None), self.source_channel(oc, ic)) + sources]
+                                                             .astype(np.int32) - zero_point)
+        return acc
 
-    run.engine = native.engine_name(conv.route)
+    def residual_entries(self) -> list[int]:
+        """The values added back as the engine's dynamic_layer takes them: (output channel, source channel,
+        tap…, value) each, one after the other."""
+        return [v for (oc, ic, *tap), value in self.shifted.entries
+                for v in (oc, self.source_channel(oc, ic), *tap, value)]
+
+
+def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dict, threads: int, on_kernels):
+    """ConvInteger with constant weights on lpt's native engine (NativeConvInteger), or None."""
+    from lpt import native
+
+    conv_integer = NativeConvInteger.make(weights, weight_zp, window, threads)
+    if conv_integer is None:
+        return None
+
+    def run(x, w, x_zp=None, w_zp=None):
+        return [conv_integer.accumulate(x, int(np.reshape(_zero(x_zp), ())))]
+
+    run.engine = native.engine_name(conv_integer.conv.route)
     return run
 
 

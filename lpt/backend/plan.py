@@ -21,6 +21,7 @@ from lpt.backend.constant_folding import fold_integer_constants
 from lpt.backend.fallback import RegionRunner, region_inputs, region_outputs
 from lpt.backend.if_steps import try_if_step, try_squeeze_if_step
 from lpt.backend import native_program
+from lpt.backend.dynamic_layers import try_dynamic_layer_step
 from lpt.backend.float_steps import (BACKEND as FLOAT_BACKEND, frames_signals, reads_model_input_from_a_table,
                                     try_float_step, try_spectrum_step)
 from lpt.backend.int8_steps import try_int8_step, try_join_step, try_one_hot_step
@@ -174,7 +175,8 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.outputs[0].name] = const_array(node.outputs[0])  # folded: no step at run time
             continue
-        fused = (try_int8_step(node, threads, native, emulate) or try_one_hot_step(node)
+        fused = ((native and emulate is None and try_dynamic_layer_step(node, threads))
+                 or try_int8_step(node, threads, native, emulate) or try_one_hot_step(node)
                  or try_onnx_int8_step(node, threads, native)
                  or try_scan_step(node, opsets, threads, native, emulate)
                  or try_if_step(node, opsets, claimed, threads, native, emulate))

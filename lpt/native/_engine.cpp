@@ -1965,6 +1965,7 @@ PyObject *py_run(PyObject *, PyObject *args) {
 
 enum class Code {
     quantize, layer, upsample, max_pool, join, flatten, reshape, transpose, mean, product,
+    dynamic_layer,  // float32 in and out: a dynamically quantized convolution, as onnxruntime runs it
     resize_nearest,  // values of any type
     // and the float32 ops:
     identity, squeeze, unsqueeze, average_pool, relu, clip, hard_swish, hard_sigmoid, sigmoid, tanh, erf, gelu, tanh_gelu,
@@ -2012,7 +2013,8 @@ struct Instruction {
     bool shape_read = false;  // reshape: its target is its second input, computed at run time
     bool drop_axes = false;  // slice: its axes leave the output (a Gather of one index: each must keep one value)
     bool reflect = false;  // pad: the border mirrors the values next to it (ONNX's mode "reflect"), not ins.fill
-    std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b
+    std::vector<float> gamma, beta;  // layer_norm: scale and bias (beta may be empty); affine: a and b;
+                                     // dynamic_layer: beta its float32 bias (or empty)
     float epsilon = 0;               // layer_norm, moment_layer_norm
     float factor = 0;                // moment_layer_norm: 1 / the count
     bool keepdims = false;           // mean_axis_1, mean_last_axis, extreme_middle
@@ -2020,9 +2022,12 @@ struct Instruction {
     bool smallest = false;           // extreme_middle: a min, not a max
     float fill = 0;                  // pad: the border's value (ins.shape: ONNX's pads, the begins then the ends)
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
-    std::vector<int64_t> values;     // one_hot: the integers each value is compared with
+    std::vector<int64_t> values;     // one_hot: the integers each value is compared with; dynamic_layer: its
+                                     // residual weights, each (output channel, source channel, tap…, value)
+    float bias_scale = 0;            // dynamic_layer: the weight scale its bias is divided by (with the source's)
     uint8_t low_level = 0, high_level = 0;  // one_hot: the levels of 0 and 1 (signed_out: as int8)
     std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
+                                            // (dynamic_layer: its float32 bias or empty)
     int64_t depth = 0, width = 0, stride = 0;  // dense: the weights' [depth, width]; a Conv's stride (0: a MatMul)
     int64_t frame_channels = 1, pad_begin = 0, pad_end = 0;  // dense of a Conv: its source's channels, its zero pads
     // dense of a Conv of one channel whose weights are even (1) or odd (−1) about their middle: each frame of
@@ -2176,6 +2181,62 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
                 static_cast<char *>(o) + first * out_image * item_size(dst), (size_t)(count * out_image * item_size(dst)),
                 rows_done ? &these : nullptr, join ? &these_images : nullptr);
     }
+}
+
+// A dynamically quantized convolution, as onnxruntime runs quantize_dynamic's graph of it (lpt.backend.
+// dynamic_layers): DynamicQuantizeLinear of the float32 source, the exact accumulators with its zero point, each
+// residual weight (a value w − zw beyond int8, the rest of it) added where its tap reads the source, then
+// lpt_ops::dynamic_stage with the scales the source's scale makes. Out: float32, channels-last.
+void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src, Slot &out) {
+    Operation &op = *ins.operation;
+    const size_t rank = op.kernel_shape.size() - 2;
+    if (src.type != 'f') throw Unsupported("a dynamic layer reads other than float32");
+    if (src.dims.size() != rank + 2 || src.dims[1] != op.in_channels)
+        throw Unsupported("a dynamic layer's source does not fit its weights");
+    const int64_t n = src.count();
+    uint8_t *q = program.scratch.get((size_t)n);
+    float source_scale;
+    int zero_point;
+    lpt_ops::dynamic_quantize(static_cast<const float *>(src.data), n, q, source_scale, zero_point, program.threads);
+    if (!std::isfinite(source_scale) || source_scale == 0.0f)  // the step raises onnxruntime's error
+        throw Unsupported("a dynamic quantization's range is beyond float32 or below its steps");
+    out.dims = layer_output_dims(op, src.dims);
+    int32_t *acc = static_cast<int32_t *>(out.allocate('f', out.count()));
+    out.channels_last = true;
+    const int64_t images = src.dims[0], channels = op.out_channels, positions = out.positions();
+    if (out.count())
+        execute(op, q, memory::dims(src.dims.begin(), src.dims.end()), src.transposed(), false, zero_point, Dst::s32,
+                true, acc, (size_t)out.count() * sizeof(int32_t));
+    // residuals: output position o reads source position o·stride + tap·dilation − pad along each axis
+    const int64_t in_positions = src.positions(), in_channels = src.dims[1], width = (int64_t)rank + 3;
+    for (size_t e = 0; e < ins.values.size(); e += width) {
+        const int64_t *entry = ins.values.data() + e, oc = entry[0], channel = entry[1], value = entry[width - 1];
+        for (int64_t o = 0; o < positions; ++o) {
+            int64_t at = 0, rest = o;
+            bool inside = true;
+            for (size_t i = rank; i-- > 0;) {  // the last axis varies fastest
+                const int64_t extent = out.dims[2 + i], coordinate = rest % extent;
+                rest /= extent;
+                const int64_t read = coordinate * op.strides[i] + entry[2 + i] * (op.dilations[i] + 1) - op.pads_begin[i];
+                inside = inside && read >= 0 && read < src.dims[2 + i];
+                int64_t stride = 1;
+                for (size_t j = i + 1; j < rank; ++j) stride *= src.dims[2 + j];
+                at += read * stride;
+            }
+            if (!inside) continue;
+            for (int64_t image = 0; image < images; ++image) {
+                const int64_t index = src.transposed() ? (image * in_positions + at) * in_channels + channel
+                                                       : (image * in_channels + channel) * in_positions + at;
+                int32_t &a = acc[(image * positions + o) * channels + oc];
+                a = (int32_t)((uint32_t)a + (uint32_t)(value * ((int64_t)q[index] - zero_point)));
+            }
+        }
+    }
+    std::vector<int32_t> bias_q(ins.bias.size());
+    if (!ins.bias.empty()) lpt_ops::dynamic_bias(ins.bias.data(), channels, source_scale * ins.bias_scale, bias_q.data());
+    lpt_ops::dynamic_stage(acc, images * positions, channels, bias_q.empty() ? nullptr : bias_q.data(),
+                           source_scale * ins.scale, ins.beta.empty() ? nullptr : ins.beta.data(), ins.relu,
+                           program.threads);
 }
 
 // `count` runs of `bytes` bytes, from src (runs src_stride bytes apart) to dst (dst_stride apart). Runs of
@@ -2652,6 +2713,7 @@ void step(Program &program, const Instruction &ins) {
     out.channels_last = false;
     switch (ins.code) {
         case Code::layer: run_layer(ins, a, out, program.scratch); break;
+        case Code::dynamic_layer: run_dynamic_layer(program, ins, a, out); break;
         case Code::upsample: run_upsampling(program, ins, a, out); break;
         case Code::quantize: {
             if (a.type != 'f') throw Unsupported("a quantize reads integers");
@@ -3486,6 +3548,24 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     to.type = signed_out ? 'b' : 'B';
                 }
                 ins.multiply = multiply, ins.relu = relu;
+            } else if (k == "dynamic_layer") {  // (a Conv's capsule, bias or None, the bias's and the output's
+                                                 //  weight scales, the float32 bias or None, silu, residuals)
+                PyObject *conv, *bias, *float_bias, *residuals;
+                int silu;
+                ins.code = Code::dynamic_layer;
+                parsed = PyArg_ParseTuple(extra, "OOffOpO", &conv, &bias, &ins.bias_scale, &ins.scale, &float_bias, &silu,
+                                          &residuals) && hold(ins.operation = operation(conv));
+                if (parsed) {
+                    ins.relu = silu;
+                    if (bias != Py_None) ins.bias = float_vector(bias, "a dynamic layer's bias");
+                    if (float_bias != Py_None) ins.beta = float_vector(float_bias, "a dynamic layer's float32 bias");
+                    ins.values = int_sequence(residuals, "a dynamic layer's residuals");
+                    const Operation &op = *ins.operation;
+                    if (op.kind != Kind::conv || ins.values.size() % (op.kernel_shape.size() + 1) ||
+                        (!ins.bias.empty() && (int64_t)ins.bias.size() != op.out_channels) ||
+                        (!ins.beta.empty() && (int64_t)ins.beta.size() != op.out_channels))
+                        throw std::invalid_argument("a dynamic layer's parameters do not fit its convolution");
+                }
             } else if (k == "product") {
                 ins.code = Code::product;
                 parsed = hold(ins.product = product_of(extra));

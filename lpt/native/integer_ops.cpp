@@ -4,6 +4,7 @@
 #include "integer_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <immintrin.h>
 #include <limits>
@@ -339,6 +340,101 @@ void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int
     level = level <= 255.0f ? level : 255.0f;
     zero_point = (int)round_half_even(level);
     quantize(x, n, scale, zero_point, 0, 255, out, false, threads);
+}
+
+namespace {
+
+// MLAS's logistic constants (lpt.numerics.onnxruntime_logistic)
+constexpr float LOGISTIC_LOW = -18.0f, LOGISTIC_HIGH = 18.0f;
+constexpr float ALPHA_9 = 4.37031012579801e-11f, ALPHA_7 = 1.15627324459942e-07f, ALPHA_5 = 6.08574864600143e-05f,
+                ALPHA_3 = 8.51377133304701e-03f, ALPHA_1 = 2.48287947061529e-01f;
+constexpr float BETA_10 = 6.10247389755681e-13f, BETA_8 = 5.76102136993427e-09f, BETA_6 = 6.29106785017040e-06f,
+                BETA_4 = 1.70198817374094e-03f, BETA_2 = 1.16817656904453e-01f, BETA_0 = 9.93151921023180e-01f;
+
+inline float logistic(float x) {  // max/min in vmaxps' and vminps' order: a NaN passes through
+    float v = LOGISTIC_LOW > x ? LOGISTIC_LOW : x;
+    v = LOGISTIC_HIGH < v ? LOGISTIC_HIGH : v;
+    const float x2 = v * v;
+    float p = std::fmaf(x2, ALPHA_9, ALPHA_7);
+    p = std::fmaf(p, x2, ALPHA_5);
+    p = std::fmaf(p, x2, ALPHA_3);
+    p = std::fmaf(p, x2, ALPHA_1);
+    p = v * p;
+    float q = std::fmaf(x2, BETA_10, BETA_8);
+    q = std::fmaf(q, x2, BETA_6);
+    q = std::fmaf(q, x2, BETA_4);
+    q = std::fmaf(q, x2, BETA_2);
+    q = std::fmaf(q, x2, BETA_0);
+    const float y = p / q + 0.5f;
+    return 0.0f > y ? 0.0f : y;
+}
+
+inline float dynamic_value(int32_t acc, int32_t bias_q, float scale, const float *bias, bool silu) {
+    float y = (float)(int32_t)((uint32_t)acc + (uint32_t)bias_q) * scale;
+    if (bias) y = y + *bias;
+    return silu ? y * logistic(y) : y;
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 logistic_lanes(__m256 x) {
+    __m256 v = _mm256_max_ps(_mm256_set1_ps(LOGISTIC_LOW), x);  // x where NaN, as MLAS's operand order
+    v = _mm256_min_ps(_mm256_set1_ps(LOGISTIC_HIGH), v);
+    const __m256 x2 = _mm256_mul_ps(v, v);
+    __m256 p = _mm256_fmadd_ps(x2, _mm256_set1_ps(ALPHA_9), _mm256_set1_ps(ALPHA_7));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(ALPHA_5));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(ALPHA_3));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(ALPHA_1));
+    p = _mm256_mul_ps(v, p);
+    __m256 q = _mm256_fmadd_ps(x2, _mm256_set1_ps(BETA_10), _mm256_set1_ps(BETA_8));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(BETA_6));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(BETA_4));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(BETA_2));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(BETA_0));
+    const __m256 y = _mm256_add_ps(_mm256_div_ps(p, q), _mm256_set1_ps(0.5f));
+    return _mm256_max_ps(_mm256_setzero_ps(), y);
+}
+
+__attribute__((target("avx2,fma"))) void dynamic_row_avx2(int32_t *acc, int64_t channels, const int32_t *bias_q,
+                                                         float scale, const float *bias, bool silu) {
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t c = 0;
+    for (; c + 8 <= channels; c += 8) {
+        __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + c));
+        if (bias_q) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bias_q + c)));
+        __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(a), s);
+        if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + c));
+        if (silu) y = _mm256_mul_ps(y, logistic_lanes(y));
+        _mm256_storeu_ps(reinterpret_cast<float *>(acc + c), y);
+    }
+    float *out = reinterpret_cast<float *>(acc);
+    for (; c < channels; ++c) out[c] = dynamic_value(acc[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
+}
+
+}  // namespace
+
+void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, float scale, const float *bias,
+                   bool silu, int threads) {
+    const bool avx2 = eight_lanes() && __builtin_cpu_supports("fma");
+    int32_t *acc = static_cast<int32_t *>(values);
+    constexpr int64_t ROWS = 64;  // per task
+    lpt_parallel::for_each(rows * channels >= PARALLEL_WORK ? threads : 1, (rows + ROWS - 1) / ROWS, [=](int64_t t) {
+        for (int64_t r = t * ROWS; r < std::min(rows, (t + 1) * ROWS); ++r) {
+            int32_t *row = acc + r * channels;
+            if (avx2) {
+                dynamic_row_avx2(row, channels, bias_q, scale, bias, silu);
+                continue;
+            }
+            float *out = reinterpret_cast<float *>(row);
+            for (int64_t c = 0; c < channels; ++c)
+                out[c] = dynamic_value(row[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
+        }
+    });
+}
+
+void dynamic_bias(const float *bias, int64_t channels, float scale, int32_t *bias_q) {
+    for (int64_t c = 0; c < channels; ++c) {
+        const float t = std::floor(bias[c] / scale);
+        bias_q[c] = t >= -2147483648.0f && t < 2147483648.0f ? (int32_t)t : INT32_MIN;
+    }
 }
 
 void upsample_nearest(const void *src, int item, int64_t images, int64_t channels, int64_t h, int64_t w, int64_t kh,

@@ -1,0 +1,233 @@
+"""A dynamically quantized convolution, as onnxruntime's quantize_dynamic writes it, as one step.
+
+quantize_dynamic turns a Conv into (ddddocr_common_old_dynq's 21 layers):
+
+    q, s, zp = DynamicQuantizeLinear(x)
+    acc = ConvInteger(q, W, zp, zw)                                    W, zw constant
+    [acc = acc + Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b)))))]    the bias in steps of s·sw_b (b, sw_b constant)
+    y = Cast<float>(acc) · Mul(s, sw)                                  sw constant, one value
+    [y = y + Reshape(b)]                                               the bias, in float32 (quantize_dynamic of
+                                                                         onnxruntime 1.9 on; the int32 form before)
+    [y = y · Sigmoid(y)]                                               a SiLU (onnxruntime fuses it into QuickGelu)
+
+As steps of their own, the quantization and the convolution were lpt's and the rest onnxruntime's: on
+ddddocr_common_old_dynq 21 regions of 0.21 ms a call, about a quarter of lpt's time on it. Read here as one step,
+its run computes onnxruntime's bits (lpt.numerics.dynamic_quantize_linear, the exact accumulators, the float32
+ops in its order, its Sigmoid: lpt.numerics.onnxruntime_logistic), and its native instruction "dynamic_layer"
+computes the same in one pass after the convolution; consecutive layers and the float32 Adds between them then
+run as one native program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from lpt.backend.int8_steps import onnx_reshape_dims
+from lpt.backend.onnx_int8_steps import NativeConvInteger, convolution_window
+from lpt.backend.step import Step
+from lpt.graph.constants import const_array
+from lpt.graph.ops import attribute
+from lpt.numerics.onnxruntime_logistic import silu as onnxruntime_silu
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicConv:
+    """The chain the module's docstring shows, read from its DynamicQuantizeLinear."""
+
+    source: ir.Value
+    output: ir.Value
+    conv: ir.Node  # the ConvInteger
+    bias: np.ndarray | None  # float32 [OC], added to the accumulators in steps of s·sw_b
+    bias_scale: np.float32  # sw_b
+    scale: np.float32  # sw
+    float_bias: np.ndarray | None  # float32 [OC], added after the product by s·sw
+    silu: bool
+    nodes: tuple[ir.Node, ...]
+
+
+def read_dynamic_conv(quantize: ir.Node) -> DynamicConv | None:
+    """The chain from `quantize` (a DynamicQuantizeLinear), or None where the graph is another: the quantization's
+    outputs and every value inside the chain read only by its nodes, constant weights, per-tensor weight scales,
+    a bias reshaped along the channels."""
+    if quantize.op_type != "DynamicQuantizeLinear" or quantize.domain not in ("", "ai.onnx") or \
+            len(quantize.outputs) != 3 or quantize.inputs[0].dtype not in (ir.DataType.FLOAT, None):
+        return None
+    q, s, zp = quantize.outputs
+    conv = _only_reader(q)
+    if conv is None or conv.op_type != "ConvInteger" or conv.domain not in ("", "ai.onnx") or len(conv.inputs) < 3 or \
+            conv.inputs[0] is not q or conv.inputs[2] is not zp or const_array(conv.inputs[1]) is None or \
+            (len(conv.inputs) > 3 and conv.inputs[3] is not None and const_array(conv.inputs[3]) is None):
+        return None
+    channels = const_array(conv.inputs[1]).shape[0]
+    nodes = [quantize, conv]
+    acc, bias, bias_scale = conv.outputs[0], None, np.float32(0)
+    reader = _only_reader(acc)
+    if reader is not None and reader.op_type == "Add" and len(reader.inputs) == 2:
+        found = _bias(reader.inputs[1] if reader.inputs[0] is acc else reader.inputs[0], s, channels,
+                      const_array(conv.inputs[1]).ndim)
+        if found is None:
+            return None
+        bias, bias_scale, bias_nodes = found
+        nodes += [*bias_nodes, reader]
+        acc = reader.outputs[0]
+        reader = _only_reader(acc)
+    if reader is None or reader.op_type != "Cast" or attribute(reader, "to") != ir.DataType.FLOAT:
+        return None
+    nodes.append(reader)
+    scaling = _only_reader(reader.outputs[0])
+    if scaling is None or scaling.op_type != "Mul" or len(scaling.inputs) != 2:
+        return None
+    product = scaling.inputs[1] if scaling.inputs[0] is reader.outputs[0] else scaling.inputs[0]
+    scale = _weight_scale(product.producer(), s)
+    if scale is None:
+        return None
+    nodes += [product.producer(), scaling]
+    output, float_bias = scaling.outputs[0], None
+    adding = _only_reader(output)
+    if adding is not None and adding.op_type == "Add" and len(adding.inputs) == 2:
+        other = adding.inputs[1] if adding.inputs[0] is output else adding.inputs[0]
+        float_bias = _per_channel_constant(other, channels, const_array(conv.inputs[1]).ndim)
+        if float_bias is not None:
+            nodes += [n for n in (other.producer(),) if n is not None and n.op_type == "Reshape"] + [adding]
+            output = adding.outputs[0]
+    silu = _silu(output)
+    if silu is not None:
+        nodes += silu
+        output = silu[-1].outputs[0]
+    nodes = list(dict.fromkeys(nodes))  # the bias's and the output's Mul(s, sw) may be one node
+    inside = {id(n) for n in nodes}
+    for node in nodes:
+        for value in node.outputs:
+            if value is not output and (value.is_graph_output() or any(id(user) not in inside for user, _ in value.uses())):
+                return None
+    return DynamicConv(quantize.inputs[0], output, conv, bias, bias_scale, scale, float_bias, silu is not None,
+                       tuple(nodes))
+
+
+def _only_reader(value: ir.Value) -> ir.Node | None:
+    users = {id(user): user for user, _ in value.uses()}
+    return next(iter(users.values())) if len(users) == 1 and not value.is_graph_output() else None
+
+
+def _weight_scale(mul: ir.Node | None, source_scale: ir.Value) -> np.float32 | None:
+    """c of Mul(s, c) or Mul(c, s), a constant float32 of one value, or None."""
+    if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or source_scale not in mul.inputs:
+        return None
+    constant = const_array(mul.inputs[1] if mul.inputs[0] is source_scale else mul.inputs[0])
+    if constant is None or constant.dtype != np.float32 or constant.size != 1:
+        return None
+    return np.float32(constant.reshape(()))
+
+
+def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int):
+    """(bias, sw_b, nodes) of Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b))))) along the channels, or None."""
+    reshape = value.producer()
+    if reshape is None or reshape.op_type != "Reshape" or (target := const_array(reshape.inputs[1])) is None:
+        return None
+    cast = reshape.inputs[0].producer()
+    if cast is None or cast.op_type != "Cast" or attribute(cast, "to") != ir.DataType.INT32:
+        return None
+    floor = cast.inputs[0].producer()
+    divide = floor.inputs[0].producer() if floor is not None and floor.op_type == "Floor" else None
+    if divide is None or divide.op_type != "Div" or (bias := const_array(divide.inputs[0])) is None or \
+            bias.dtype != np.float32 or bias.size != channels:
+        return None
+    bias_scale = _weight_scale(divide.inputs[1].producer(), source_scale)
+    if bias_scale is None or not _along_channels(bias.shape, target, reshape, channels, rank):
+        return None
+    return bias.reshape(-1), bias_scale, [divide.inputs[1].producer(), divide, floor, cast, reshape]
+
+
+def _per_channel_constant(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
+    """A constant float32 of one value per channel, as it broadcasts over [N, C, *spatial]: given so, or a Reshape of
+    a constant to [C, 1, …] or [1, C, 1, …]. None otherwise."""
+    constant = const_array(value)
+    reshape = value.producer()
+    if constant is None and reshape is not None and reshape.op_type == "Reshape":
+        constant, target = const_array(reshape.inputs[0]), const_array(reshape.inputs[1])
+        if constant is None or target is None or not _along_channels(constant.shape, target, reshape, channels, rank):
+            return None
+    elif constant is None or not _along_channels(constant.shape, None, None, channels, rank):
+        return None
+    if constant.dtype != np.float32 or constant.size != channels:
+        return None
+    return np.ascontiguousarray(constant.reshape(-1))
+
+
+def _along_channels(shape: tuple, target, reshape: ir.Node | None, channels: int, rank: int) -> bool:
+    """Whether values of `shape`, reshaped to `target` (by `reshape`; None: as they are), broadcast over
+    [N, C, *spatial] (of `rank` axes) one per channel."""
+    if target is not None:
+        target = onnx_reshape_dims(shape, tuple(int(d) for d in target.reshape(-1)), attribute(reshape, "allowzero", 0))
+        try:
+            shape = np.zeros(shape).reshape(target).shape
+        except ValueError:
+            return False
+    if len(shape) > rank:
+        return False
+    shape = (1,) * (rank - len(shape)) + tuple(shape)
+    return shape[1] == channels and all(d == 1 for i, d in enumerate(shape) if i != 1)
+
+
+def _silu(y: ir.Value) -> list[ir.Node] | None:
+    """[Sigmoid, Mul] where y's readers are Sigmoid(y) and Mul of y by it, and nothing else."""
+    users = list({id(user): user for user, _ in y.uses()}.values())
+    sigmoid = next((u for u in users if u.op_type == "Sigmoid"), None)
+    if len(users) != 2 or sigmoid is None or y.is_graph_output():
+        return None
+    mul = next(u for u in users if u is not sigmoid)
+    if mul.op_type != "Mul" or {id(v) for v in mul.inputs} != {id(y), id(sigmoid.outputs[0])} or \
+            _only_reader(sigmoid.outputs[0]) is not mul:
+        return None
+    return [sigmoid, mul]
+
+
+def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool) -> np.ndarray:
+    """onnxruntime's float32 ops after the ConvInteger, on int32 acc [N, OC, *spatial]: the bias in steps of
+    s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the int32 Add
+    (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
+    source_scale = np.float32(source_scale)
+    if bias is not None:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            steps = np.floor(bias / (source_scale * bias_scale))
+        steps = np.where((steps >= -2.0 ** 31) & (steps < 2.0 ** 31), steps, -2.0 ** 31).astype(np.int32)
+        channels = steps.reshape((-1,) + (1,) * (acc.ndim - 2))
+        acc = (acc.view(np.uint32) + channels.view(np.uint32)).view(np.int32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = acc.astype(np.float32) * (source_scale * np.float32(scale))
+        if float_bias is not None:
+            y = y + float_bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+    return onnxruntime_silu(y) if silu else y
+
+
+def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.Node]] | None:
+    """The step for the chain from `node` where it is one and lpt's native engine takes its convolution, else None."""
+    from lpt import native
+
+    chain = read_dynamic_conv(node)
+    if chain is None or chain.source.dtype != ir.DataType.FLOAT:
+        return None
+    weights = const_array(chain.conv.inputs[1])
+    weight_zp = const_array(chain.conv.inputs[3]) if len(chain.conv.inputs) > 3 and chain.conv.inputs[3] is not None \
+        else np.zeros((), np.int32)
+    if weights.dtype not in (np.int8, np.uint8):
+        return None
+    conv = NativeConvInteger.make(weights, weight_zp, convolution_window(chain.conv), threads)
+    if conv is None:
+        return None
+
+    def run(x):
+        q, s, zp = native.dynamic_quantize(x, threads)
+        return [dynamic_output(conv.accumulate(q, int(zp)), s, chain.bias, chain.bias_scale, chain.scale,
+                               chain.float_bias, chain.silu)]
+
+    bias = None if chain.bias is None else np.ascontiguousarray(chain.bias, np.float32)
+    instruction = ("dynamic_layer", (conv.conv.instruction[1], bias, float(chain.bias_scale), float(chain.scale),
+                                     chain.float_bias, chain.silu, conv.residual_entries()))
+    step = Step(run, (chain.source.name,), (chain.output.name,), tuple(n.name for n in chain.nodes),
+                tuple(n.op_type for n in chain.nodes), "int8 kernel", engine=native.engine_name(conv.conv.route),
+                native=instruction)
+    return step, list(chain.nodes)

@@ -1,0 +1,153 @@
+"""quantize_dynamic's convolution chains as one step (lpt.backend.dynamic_layers): onnxruntime's outputs, bit for bit,
+from the step's NumPy run and from its native instruction."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import lpt.native
+from lpt.backend import compile_model
+from lpt.backend.dynamic_layers import read_dynamic_conv
+from lpt.numerics.onnxruntime_logistic import logistic
+
+
+def layer_nodes(x: str, y: str, name: str, bias_form: str, silu: bool) -> list:
+    """One convolution as quantize_dynamic writes it: the bias "int32" (onnxruntime before 1.9: Div by the scales'
+    product, Floor, Cast, added to the accumulators), "float32" (added after the product), or None."""
+    scales = f"{name}_scales"
+    nodes = [helper.make_node("DynamicQuantizeLinear", [x], [f"{x}_q", f"{x}_s", f"{x}_zp"]),
+             helper.make_node("Mul", [f"{x}_s", f"{name}_w_scale"], [scales]),
+             helper.make_node("ConvInteger", [f"{x}_q", f"{name}_w", f"{x}_zp", f"{name}_w_zp"], [f"{name}_acc"],
+                              pads=[1, 1, 1, 1])]
+    acc = f"{name}_acc"
+    if bias_form == "int32":
+        nodes += [helper.make_node("Div", [f"{name}_b", scales], [f"{name}_bd"]),
+                  helper.make_node("Floor", [f"{name}_bd"], [f"{name}_bf"]),
+                  helper.make_node("Cast", [f"{name}_bf"], [f"{name}_bi"], to=TensorProto.INT32),
+                  helper.make_node("Reshape", [f"{name}_bi", "bias_shape"], [f"{name}_br"]),
+                  helper.make_node("Add", [acc, f"{name}_br"], [f"{name}_acc_b"])]
+        acc = f"{name}_acc_b"
+    out = y if bias_form != "float32" and not silu else f"{name}_scaled"
+    nodes += [helper.make_node("Cast", [acc], [f"{name}_f"], to=TensorProto.FLOAT),
+              helper.make_node("Mul", [f"{name}_f", scales], [out])]
+    if bias_form == "float32":
+        biased = f"{name}_biased" if silu else y
+        nodes += [helper.make_node("Reshape", [f"{name}_b", "bias_shape"], [f"{name}_br"]),
+                  helper.make_node("Add", [out, f"{name}_br"], [biased])]
+        out = biased
+    if silu:
+        nodes += [helper.make_node("Sigmoid", [out], [f"{name}_sig"]),
+                  helper.make_node("Mul", [out, f"{name}_sig"], [y])]
+    return nodes
+
+
+def layer_constants(rng, name: str, channels_in: int, channels_out: int, outliers: int) -> list:
+    """u8 weights around a zero point, a few of w − zw beyond int8 (Residuals), a bias up to ±bias_size."""
+    weights = rng.integers(70, 190, (channels_out, channels_in, 3, 3)).astype(np.uint8)
+    weights.reshape(-1)[rng.choice(weights.size, outliers, replace=False)] = rng.choice([0, 255], outliers)
+    return [numpy_helper.from_array(weights, f"{name}_w"),
+            numpy_helper.from_array(np.uint8(rng.integers(110, 146)), f"{name}_w_zp"),
+            numpy_helper.from_array(np.float32(rng.uniform(0.001, 0.02)), f"{name}_w_scale"),
+            numpy_helper.from_array(rng.normal(0, 0.5, channels_out).astype(np.float32), f"{name}_b")]
+
+
+def two_layers(seed: int, bias_form: str | None, silu: bool, channels: int, outliers: int) -> onnx.ModelProto:
+    """x → layer → layer → y, the second reading the first's float32 output."""
+    rng = np.random.default_rng(seed)
+    nodes = layer_nodes("x", "h", "one", bias_form, silu) + layer_nodes("h", "y", "two", bias_form, silu)
+    inits = (layer_constants(rng, "one", 3, channels, outliers) + layer_constants(rng, "two", channels, channels, outliers)
+             + [numpy_helper.from_array(np.array([1, channels, 1, 1], np.int64), "bias_shape")])
+    graph = helper.make_graph(nodes, "dynamic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, None, None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def onnxruntime_output(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@given(seed=st.integers(0, 2**32 - 1), bias_form=st.sampled_from(["int32", "float32", None]), silu=st.booleans(),
+       channels=st.sampled_from([5, 8, 19]), outliers=st.integers(0, 3), images=st.integers(1, 2),
+       shift=st.floats(-2, 2))
+@settings(max_examples=30, deadline=None)
+def test_two_dynamic_layers_give_onnxruntimes_bits(seed, bias_form, silu, channels, outliers, images, shift):
+    """channels 5 and 19 leave a tail past the eight lanes; a shifted source moves the zero point."""
+    model = two_layers(seed, bias_form, silu, channels, outliers)
+    x = (np.random.default_rng(seed).normal(shift, 1, (images, 3, 6, 7))).astype(np.float32)
+    plan = compile_model(ir.serde.deserialize_model(model), threads=2)
+    assert [step.native[0] for step in plan.steps] == ["dynamic_layer", "dynamic_layer"]
+    expected = onnxruntime_output(model, x)
+    assert np.array_equal(plan.run({"x": x})["y"], expected)  # the native program
+    assert np.array_equal(plan.run({"x": x}, keep=True)["y"], expected)  # each step's NumPy run
+
+
+def test_quantize_dynamics_own_output_runs_as_one_step(tmp_path):
+    """onnxruntime's quantize_dynamic of a Conv + SiLU today (its bias in float32): one step, onnxruntime's bits."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "f32", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (12, 3, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.normal(0, 0.2, 12).astype(np.float32), "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "f32.onnx")
+    quantize_dynamic(tmp_path / "f32.onnx", tmp_path / "dynamic.onnx", op_types_to_quantize=["Conv"])
+    model = onnx.load(tmp_path / "dynamic.onnx")
+    plan = compile_model(ir.serde.deserialize_model(model), threads=2)
+    [step] = [s for s in plan.steps if s.native and s.native[0] == "dynamic_layer"]
+    assert {"DynamicQuantizeLinear", "ConvInteger", "Add", "Sigmoid"} <= set(step.op_types)
+    x = rng.normal(0, 1, (1, 3, 9, 9)).astype(np.float32)
+    assert np.array_equal(plan.run({"x": x})["y"], onnxruntime_output(model, x))
+
+
+def test_a_chain_read_elsewhere_is_not_taken():
+    """The accumulators also read by a graph output: the chain's ops stay steps of their own."""
+    model = two_layers(0, "int32", True, 8, 0)
+    model.graph.output.append(helper.make_tensor_value_info("one_acc", TensorProto.INT32, None))
+    graph = ir.serde.deserialize_model(model).graph
+    first, second = [n for n in graph if n.op_type == "DynamicQuantizeLinear"]
+    assert read_dynamic_conv(first) is None and read_dynamic_conv(second) is not None
+
+
+@pytest.mark.parametrize("eight_lanes", [True, False])
+def test_the_stage_computes_onnxruntimes_sigmoid(eight_lanes):
+    """Accumulators whose products by the scale cover the logistic's range and its clamps at ±18, through the
+    engine's stage on eight lanes and on one, against lpt.numerics.onnxruntime_logistic."""
+    rng = np.random.default_rng(9)
+    model = two_layers(1, None, True, 8, 0)
+    plan = compile_model(ir.serde.deserialize_model(model), threads=1)
+    x = rng.normal(0, 1, (1, 3, 40, 50)).astype(np.float32)
+    previous = lpt.native.engine.float_lanes(eight_lanes)
+    try:
+        values = plan.run({"x": x})["y"]
+    finally:
+        lpt.native.engine.float_lanes(previous)
+    assert np.array_equal(values, plan.run({"x": x}, keep=True)["y"])
+    assert np.array_equal(values, onnxruntime_output(model, x))
+
+
+def test_onnxruntime_logistic_at_its_edges():
+    """Its clamps at ±18, infinities, a NaN (which passes through), and values over every exponent, against
+    onnxruntime's Sigmoid."""
+    edges = np.array([np.nan, np.inf, -np.inf, 18, 18.5, -18, -30, -0.0, 0.0, 1e-30, -1e-45], np.float32)
+    rng = np.random.default_rng(2)
+    values = np.concatenate([edges, rng.uniform(-25, 25, 200_000).astype(np.float32),
+                             rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+    session = ort.InferenceSession(helper.make_model(helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["y"])], "s", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])]),
+        opset_imports=[helper.make_opsetid("", 13)]).SerializeToString(), providers=["CPUExecutionProvider"])
+    expected, got = session.run(None, {"x": values})[0], logistic(values)
+    assert np.isnan(got[0]) and got[3] == got[4] and got[5] == got[6]
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    assert np.array_equal(got.view(np.uint32)[~np.isnan(got)], expected.view(np.uint32)[~np.isnan(expected)])
