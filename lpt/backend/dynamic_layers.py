@@ -1,13 +1,14 @@
-"""A dynamically quantized convolution, as onnxruntime's quantize_dynamic writes it, as one step.
+"""A dynamically quantized convolution or matmul, as onnxruntime's quantize_dynamic writes it, as one step.
 
-quantize_dynamic turns a Conv into (ddddocr_common_old_dynq's 21 layers):
+quantize_dynamic turns a Conv into (ddddocr_common_old_dynq's 21 layers; a MatMul alike, its classifier):
 
     q, s, zp = DynamicQuantizeLinear(x)
-    acc = ConvInteger(q, W, zp, zw)                                    W, zw constant
+    acc = ConvInteger(q, W, zp, zw)  or  MatMulInteger(q, W, zp, zw)   W, zw constant
     [acc = acc + Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b)))))]    the bias in steps of s·sw_b (b, sw_b constant)
     y = Cast<float>(acc) · Mul(s, sw)                                  sw constant, one value
     [y = y + Reshape(b)]                                               the bias, in float32 (quantize_dynamic of
                                                                          onnxruntime 1.9 on; the int32 form before)
+                                                                         along the channels, or a matmul's columns
     [y = y · Sigmoid(y)]                                               a SiLU (onnxruntime fuses it into QuickGelu)
 
 As steps of their own, the quantization and the convolution were lpt's and the rest onnxruntime's: on
@@ -26,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from lpt.backend.int8_steps import onnx_reshape_dims
-from lpt.backend.onnx_int8_steps import NativeConvInteger, convolution_window
+from lpt.backend.onnx_int8_steps import NativeConvInteger, NativeMatMulInteger, convolution_window
 from lpt.backend.step import Step
 from lpt.graph.constants import const_array
 from lpt.graph.ops import attribute
@@ -34,40 +35,43 @@ from lpt.numerics.onnxruntime_logistic import silu as onnxruntime_silu
 
 
 @dataclass(frozen=True, eq=False)
-class DynamicConv:
+class DynamicLayer:
     """The chain the module's docstring shows, read from its DynamicQuantizeLinear."""
 
     source: ir.Value
     output: ir.Value
-    conv: ir.Node  # the ConvInteger
-    bias: np.ndarray | None  # float32 [OC], added to the accumulators in steps of s·sw_b
+    product: ir.Node  # the ConvInteger or MatMulInteger
+    bias: np.ndarray | None  # float32, one per output channel (column), added to the accumulators in steps of s·sw_b
     bias_scale: np.float32  # sw_b
     scale: np.float32  # sw
-    float_bias: np.ndarray | None  # float32 [OC], added after the product by s·sw
+    float_bias: np.ndarray | None  # float32, one per output channel, added after the product by s·sw
     silu: bool
     nodes: tuple[ir.Node, ...]
 
 
-def read_dynamic_conv(quantize: ir.Node) -> DynamicConv | None:
+def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
     """The chain from `quantize` (a DynamicQuantizeLinear), or None where the graph is another: the quantization's
     outputs and every value inside the chain read only by its nodes, constant weights, per-tensor weight scales,
-    a bias reshaped along the channels."""
+    a bias along the output channels (a convolution's axis 1, a matmul's last)."""
     if quantize.op_type != "DynamicQuantizeLinear" or quantize.domain not in ("", "ai.onnx") or \
             len(quantize.outputs) != 3 or quantize.inputs[0].dtype not in (ir.DataType.FLOAT, None):
         return None
     q, s, zp = quantize.outputs
-    conv = _only_reader(q)
-    if conv is None or conv.op_type != "ConvInteger" or conv.domain not in ("", "ai.onnx") or len(conv.inputs) < 3 or \
-            conv.inputs[0] is not q or conv.inputs[2] is not zp or const_array(conv.inputs[1]) is None or \
-            (len(conv.inputs) > 3 and conv.inputs[3] is not None and const_array(conv.inputs[3]) is None):
+    product = _only_reader(q)
+    if product is None or product.op_type not in ("ConvInteger", "MatMulInteger") or \
+            product.domain not in ("", "ai.onnx") or len(product.inputs) < 3 or product.inputs[0] is not q or \
+            product.inputs[2] is not zp or (weights := const_array(product.inputs[1])) is None or \
+            (len(product.inputs) > 3 and product.inputs[3] is not None and const_array(product.inputs[3]) is None):
         return None
-    channels = const_array(conv.inputs[1]).shape[0]
-    nodes = [quantize, conv]
-    acc, bias, bias_scale = conv.outputs[0], None, np.float32(0)
+    if product.op_type == "MatMulInteger" and weights.ndim != 2:
+        return None
+    # the output's rank for a convolution; None for a matmul, whose channels are its last axis
+    channels, rank = (weights.shape[0], weights.ndim) if product.op_type == "ConvInteger" else (weights.shape[1], None)
+    nodes = [quantize, product]
+    acc, bias, bias_scale = product.outputs[0], None, np.float32(0)
     reader = _only_reader(acc)
     if reader is not None and reader.op_type == "Add" and len(reader.inputs) == 2:
-        found = _bias(reader.inputs[1] if reader.inputs[0] is acc else reader.inputs[0], s, channels,
-                      const_array(conv.inputs[1]).ndim)
+        found = _bias(reader.inputs[1] if reader.inputs[0] is acc else reader.inputs[0], s, channels, rank)
         if found is None:
             return None
         bias, bias_scale, bias_nodes = found
@@ -80,16 +84,16 @@ def read_dynamic_conv(quantize: ir.Node) -> DynamicConv | None:
     scaling = _only_reader(reader.outputs[0])
     if scaling is None or scaling.op_type != "Mul" or len(scaling.inputs) != 2:
         return None
-    product = scaling.inputs[1] if scaling.inputs[0] is reader.outputs[0] else scaling.inputs[0]
-    scale = _weight_scale(product.producer(), s)
+    scales = scaling.inputs[1] if scaling.inputs[0] is reader.outputs[0] else scaling.inputs[0]
+    scale = _weight_scale(scales.producer(), s)
     if scale is None:
         return None
-    nodes += [product.producer(), scaling]
+    nodes += [scales.producer(), scaling]
     output, float_bias = scaling.outputs[0], None
     adding = _only_reader(output)
     if adding is not None and adding.op_type == "Add" and len(adding.inputs) == 2:
         other = adding.inputs[1] if adding.inputs[0] is output else adding.inputs[0]
-        float_bias = _per_channel_constant(other, channels, const_array(conv.inputs[1]).ndim)
+        float_bias = _per_channel_constant(other, channels, rank)
         if float_bias is not None:
             nodes += [n for n in (other.producer(),) if n is not None and n.op_type == "Reshape"] + [adding]
             output = adding.outputs[0]
@@ -103,8 +107,8 @@ def read_dynamic_conv(quantize: ir.Node) -> DynamicConv | None:
         for value in node.outputs:
             if value is not output and (value.is_graph_output() or any(id(user) not in inside for user, _ in value.uses())):
                 return None
-    return DynamicConv(quantize.inputs[0], output, conv, bias, bias_scale, scale, float_bias, silu is not None,
-                       tuple(nodes))
+    return DynamicLayer(quantize.inputs[0], output, product, bias, bias_scale, scale, float_bias, silu is not None,
+                        tuple(nodes))
 
 
 def _only_reader(value: ir.Value) -> ir.Node | None:
@@ -122,7 +126,7 @@ def _weight_scale(mul: ir.Node | None, source_scale: ir.Value) -> np.float32 | N
     return np.float32(constant.reshape(()))
 
 
-def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int):
+def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int | None):
     """(bias, sw_b, nodes) of Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b))))) along the channels, or None."""
     reshape = value.producer()
     if reshape is None or reshape.op_type != "Reshape" or (target := const_array(reshape.inputs[1])) is None:
@@ -141,9 +145,9 @@ def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int):
     return bias.reshape(-1), bias_scale, [divide.inputs[1].producer(), divide, floor, cast, reshape]
 
 
-def _per_channel_constant(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
-    """A constant float32 of one value per channel, as it broadcasts over [N, C, *spatial]: given so, or a Reshape of
-    a constant to [C, 1, …] or [1, C, 1, …]. None otherwise."""
+def _per_channel_constant(value: ir.Value, channels: int, rank: int | None) -> np.ndarray | None:
+    """A constant float32 of one value per channel, as it broadcasts over the output (_along_channels): given so, or a
+    Reshape of a constant to that. None otherwise."""
     constant = const_array(value)
     reshape = value.producer()
     if constant is None and reshape is not None and reshape.op_type == "Reshape":
@@ -157,15 +161,17 @@ def _per_channel_constant(value: ir.Value, channels: int, rank: int) -> np.ndarr
     return np.ascontiguousarray(constant.reshape(-1))
 
 
-def _along_channels(shape: tuple, target, reshape: ir.Node | None, channels: int, rank: int) -> bool:
-    """Whether values of `shape`, reshaped to `target` (by `reshape`; None: as they are), broadcast over
-    [N, C, *spatial] (of `rank` axes) one per channel."""
+def _along_channels(shape: tuple, target, reshape: ir.Node | None, channels: int, rank: int | None) -> bool:
+    """Whether values of `shape`, reshaped to `target` (by `reshape`; None: as they are), broadcast one per channel
+    over a convolution's [N, C, *spatial] of `rank` axes, or (rank None) over a matmul's [..., C]."""
     if target is not None:
         target = onnx_reshape_dims(shape, tuple(int(d) for d in target.reshape(-1)), attribute(reshape, "allowzero", 0))
         try:
             shape = np.zeros(shape).reshape(target).shape
         except ValueError:
             return False
+    if rank is None:
+        return len(shape) >= 1 and shape[-1] == channels and all(d == 1 for d in shape[:-1])
     if len(shape) > rank:
         return False
     shape = (1,) * (rank - len(shape)) + tuple(shape)
@@ -185,8 +191,9 @@ def _silu(y: ir.Value) -> list[ir.Node] | None:
     return [sigmoid, mul]
 
 
-def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool) -> np.ndarray:
-    """onnxruntime's float32 ops after the ConvInteger, on int32 acc [N, OC, *spatial]: the bias in steps of
+def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool,
+                   channel_axis: int) -> np.ndarray:
+    """onnxruntime's float32 ops after the product, on int32 acc (its channels along `channel_axis`, 1 or −1): the bias in steps of
     s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the int32 Add
     (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
     source_scale = np.float32(source_scale)
@@ -194,40 +201,44 @@ def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             steps = np.floor(bias / (source_scale * bias_scale))
         steps = np.where((steps >= -2.0 ** 31) & (steps < 2.0 ** 31), steps, -2.0 ** 31).astype(np.int32)
-        channels = steps.reshape((-1,) + (1,) * (acc.ndim - 2))
+        channels = steps.reshape((-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1)
         acc = (acc.view(np.uint32) + channels.view(np.uint32)).view(np.int32)
     with np.errstate(over="ignore", invalid="ignore"):
         y = acc.astype(np.float32) * (source_scale * np.float32(scale))
         if float_bias is not None:
-            y = y + float_bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+            y = y + float_bias.reshape((-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1)
     return onnxruntime_silu(y) if silu else y
 
 
 def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.Node]] | None:
-    """The step for the chain from `node` where it is one and lpt's native engine takes its convolution, else None."""
+    """The step for the chain from `node` where it is one and lpt's native engine takes its product, else None."""
     from lpt import native
 
-    chain = read_dynamic_conv(node)
+    chain = read_dynamic_layer(node)
     if chain is None or chain.source.dtype != ir.DataType.FLOAT:
         return None
-    weights = const_array(chain.conv.inputs[1])
-    weight_zp = const_array(chain.conv.inputs[3]) if len(chain.conv.inputs) > 3 and chain.conv.inputs[3] is not None \
+    product = chain.product
+    weights = const_array(product.inputs[1])
+    weight_zp = const_array(product.inputs[3]) if len(product.inputs) > 3 and product.inputs[3] is not None \
         else np.zeros((), np.int32)
     if weights.dtype not in (np.int8, np.uint8):
         return None
-    conv = NativeConvInteger.make(weights, weight_zp, convolution_window(chain.conv), threads)
-    if conv is None:
+    if product.op_type == "ConvInteger":
+        operation, channel_axis = NativeConvInteger.make(weights, weight_zp, convolution_window(product), threads), 1
+    else:
+        operation, channel_axis = NativeMatMulInteger.make(weights, weight_zp, threads), -1
+    if operation is None:
         return None
 
     def run(x):
         q, s, zp = native.dynamic_quantize(x, threads)
-        return [dynamic_output(conv.accumulate(q, int(zp)), s, chain.bias, chain.bias_scale, chain.scale,
-                               chain.float_bias, chain.silu)]
+        return [dynamic_output(operation.accumulate(q, int(zp)), s, chain.bias, chain.bias_scale, chain.scale,
+                               chain.float_bias, chain.silu, channel_axis)]
 
     bias = None if chain.bias is None else np.ascontiguousarray(chain.bias, np.float32)
-    instruction = ("dynamic_layer", (conv.conv.instruction[1], bias, float(chain.bias_scale), float(chain.scale),
-                                     chain.float_bias, chain.silu, conv.residual_entries()))
+    instruction = ("dynamic_layer", (operation.native.instruction[1], bias, float(chain.bias_scale),
+                                     float(chain.scale), chain.float_bias, chain.silu, operation.residual_entries()))
     step = Step(run, (chain.source.name,), (chain.output.name,), tuple(n.name for n in chain.nodes),
-                tuple(n.op_type for n in chain.nodes), "int8 kernel", engine=native.engine_name(conv.conv.route),
+                tuple(n.op_type for n in chain.nodes), "int8 kernel", engine=native.engine_name(operation.native.route),
                 native=instruction)
     return step, list(chain.nodes)

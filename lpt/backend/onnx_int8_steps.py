@@ -134,35 +134,59 @@ class Residuals:
         return len(self.entries) <= MAX_RESIDUALS
 
 
-def _native_matmul_integer(node: ir.Node, threads: int, on_kernels):
-    """MatMulInteger with constant weights (a dynamically quantized model's) on lpt's native engine, or None.
+class NativeMatMulInteger:
+    """MatMulInteger with constant weights [K, N] (a dynamically quantized model's) on lpt's native engine: the
+    MatMul of w − zw (Residuals) and the values it adds back, one column each."""
 
-    The engine takes the source zero point, which DynamicQuantizeLinear gives at run time, at each
-    run; the weights are w − zw (Residuals)."""
+    def __init__(self, matmul, shifted: Residuals):
+        self.native, self.shifted = matmul, shifted  # native: the lpt.native MatMul
+
+    @classmethod
+    def make(cls, weights: np.ndarray, weight_zp: np.ndarray, threads: int):
+        """The operation, or None where the engine does not take it."""
+        from lpt import native
+
+        if not native.available() or weights.ndim != 2 or np.ndim(weight_zp) > 1:
+            return None
+        shifted = Residuals(weights.astype(np.int32) - weight_zp.astype(np.int32))
+        if not shifted.fits():
+            return None
+        try:
+            return cls(native.MatMul(shifted.weights, threads=threads), shifted)
+        except native.Unsupported:
+            return None
+
+    def accumulate(self, a: np.ndarray, zero_point: int) -> np.ndarray:
+        acc = self.native.accumulate(a, src_zero_point=zero_point)
+        for (k, n), value in self.shifted.entries:
+            acc[..., n] += value * (a[..., k].astype(np.int32) - zero_point)
+        return acc
+
+    def residual_entries(self) -> list[int]:
+        """The values added back as the engine's dynamic_layer takes them: (row of the weights, column, value)
+        each, one after the other."""
+        return [v for (k, n), value in self.shifted.entries for v in (k, n, value)]
+
+
+def _native_matmul_integer(node: ir.Node, threads: int, on_kernels):
+    """MatMulInteger with constant weights on lpt's native engine (NativeMatMulInteger), or None. The engine takes
+    the source zero point, which DynamicQuantizeLinear gives at run time, at each run."""
     from lpt import native
 
     weights, weight_zp = const_array(node.inputs[1]), _optional_constant(node, 3)
-    if not native.available() or weights is None or weight_zp is None or weights.ndim != 2 or np.ndim(weight_zp) > 1:
+    if weights is None or weight_zp is None:
         return None
-    shifted = Residuals(weights.astype(np.int32) - weight_zp.astype(np.int32))
-    if not shifted.fits():
-        return None
-    try:
-        matmul = native.MatMul(shifted.weights, threads=threads)
-    except native.Unsupported:
+    matmul_integer = NativeMatMulInteger.make(weights, weight_zp, threads)
+    if matmul_integer is None:
         return None
 
     def run(a, b, a_zp=None, b_zp=None):
         source_zp = _zero(a_zp)
         if np.size(source_zp) != 1 or np.asarray(a).ndim < 1:  # a zero point per row: lpt's kernels
             return on_kernels(a, b, a_zp, b_zp)
-        zero_point = int(np.reshape(source_zp, ()))
-        acc = matmul.accumulate(a, src_zero_point=zero_point)
-        for (k, n), value in shifted.entries:
-            acc[..., n] += value * (a[..., k].astype(np.int32) - zero_point)
-        return [acc]
+        return [matmul_integer.accumulate(a, int(np.reshape(source_zp, ())))]
 
-    run.engine = native.engine_name(matmul.route)
+    run.engine = native.engine_name(matmul_integer.native.route)
     return run
 
 
@@ -172,7 +196,7 @@ class NativeConvInteger:
     source's zero point, as in ONNX's ConvInteger: it adds nothing)."""
 
     def __init__(self, conv, shifted: Residuals, geometry: Window, per_group_in: int, per_group_out: int):
-        self.conv, self.shifted, self.geometry = conv, shifted, geometry
+        self.native, self.shifted, self.geometry = conv, shifted, geometry  # native: the lpt.native Conv
         self.per_group_in, self.per_group_out = per_group_in, per_group_out
 
     @classmethod
@@ -201,7 +225,7 @@ class NativeConvInteger:
         return oc // self.per_group_out * self.per_group_in + ic
 
     def accumulate(self, x: np.ndarray, zero_point: int) -> np.ndarray:
-        acc = self.conv.accumulate(x, src_zero_point=zero_point)
+        acc = self.native.accumulate(x, src_zero_point=zero_point)
         for (oc, ic, *tap), value in self.shifted.entries:
             region = _tap_region(tap, self.geometry, x.shape[2:], acc.shape[2:])
             if region is not None:
@@ -228,7 +252,7 @@ def _native_conv_integer(weights: np.ndarray, weight_zp: np.ndarray, window: dic
     def run(x, w, x_zp=None, w_zp=None):
         return [conv_integer.accumulate(x, int(np.reshape(_zero(x_zp), ())))]
 
-    run.engine = native.engine_name(conv_integer.conv.route)
+    run.engine = native.engine_name(conv_integer.native.route)
     return run
 
 

@@ -2111,7 +2111,7 @@ struct Program {
     std::vector<size_t> last_use;
     std::vector<Memory> pool;
     Scratch<unsigned char> scratch;  // a tensor in the other layout, while an instruction reads it
-    Scratch<unsigned char> upsampled;  // an upsampling's matmul output, before its layout
+    Scratch<unsigned char> upsampled;  // an upsampling's matmul output, before its layout; a dynamic matmul's source
     std::vector<double> seconds;         // each instruction's time in the last run: where a program's time goes
     bool opens_loops = true;             // the last run opened loops to the pool's workers (lpt_parallel::Busy)
     int threads = 1;
@@ -2183,15 +2183,17 @@ void run_layer(const Instruction &ins, const Slot &src, Slot &out, Scratch<unsig
     }
 }
 
-// A dynamically quantized convolution, as onnxruntime runs quantize_dynamic's graph of it (lpt.backend.
-// dynamic_layers): DynamicQuantizeLinear of the float32 source, the exact accumulators with its zero point, each
-// residual weight (a value w − zw beyond int8, the rest of it) added where its tap reads the source, then
-// lpt_ops::dynamic_stage with the scales the source's scale makes. Out: float32, channels-last.
+// A dynamically quantized convolution or matmul, as onnxruntime runs quantize_dynamic's graph of it
+// (lpt.backend.dynamic_layers): DynamicQuantizeLinear of the float32 source, the exact accumulators with its zero
+// point, each residual weight (a value w − zw beyond int8, the rest of it) added where it meets the source, then
+// lpt_ops::dynamic_stage with the scales the source's scale makes. Out: float32, a convolution's channels-last.
 void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src, Slot &out) {
     Operation &op = *ins.operation;
-    const size_t rank = op.kernel_shape.size() - 2;
+    const bool conv = op.kind == Kind::conv;
+    const size_t rank = conv ? op.kernel_shape.size() - 2 : 0;
     if (src.type != 'f') throw Unsupported("a dynamic layer reads other than float32");
-    if (src.dims.size() != rank + 2 || src.dims[1] != op.in_channels)
+    if (conv ? src.dims.size() != rank + 2 || src.dims[1] != op.in_channels
+             : src.dims.empty() || src.dims.back() != op.in_channels)
         throw Unsupported("a dynamic layer's source does not fit its weights");
     const int64_t n = src.count();
     uint8_t *q = program.scratch.get((size_t)n);
@@ -2200,43 +2202,54 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
     lpt_ops::dynamic_quantize(static_cast<const float *>(src.data), n, q, source_scale, zero_point, program.threads);
     if (!std::isfinite(source_scale) || source_scale == 0.0f)  // the step raises onnxruntime's error
         throw Unsupported("a dynamic quantization's range is beyond float32 or below its steps");
+    if (!conv && src.transposed()) {  // a matmul reads its last axis: the channels-first order's
+        uint8_t *order = program.upsampled.get((size_t)n);
+        lpt_ops::transpose(q, order, src.dims[0], src.positions(), src.dims[1], 1, program.threads);
+        q = order;
+    }
     out.dims = layer_output_dims(op, src.dims);
     int32_t *acc = static_cast<int32_t *>(out.allocate('f', out.count()));
-    out.channels_last = true;
-    const int64_t images = src.dims[0], channels = op.out_channels, positions = out.positions();
+    out.channels_last = conv;
+    const int64_t channels = op.out_channels, rows = out.count() / std::max<int64_t>(channels, 1);
     if (out.count())
-        execute(op, q, memory::dims(src.dims.begin(), src.dims.end()), src.transposed(), false, zero_point, Dst::s32,
-                true, acc, (size_t)out.count() * sizeof(int32_t));
-    // residuals: output position o reads source position o·stride + tap·dilation − pad along each axis
-    const int64_t in_positions = src.positions(), in_channels = src.dims[1], width = (int64_t)rank + 3;
+        execute(op, q, conv ? memory::dims(src.dims.begin(), src.dims.end()) : memory::dims{rows, op.in_channels},
+                conv && src.transposed(), false, zero_point, Dst::s32, conv, acc, (size_t)out.count() * sizeof(int32_t));
+    const auto add = [zero_point](int32_t &a, int64_t value, uint8_t level) {  // int32's wrapping sum
+        a = (int32_t)((uint32_t)a + (uint32_t)(value * ((int64_t)level - zero_point)));
+    };
+    const int64_t width = conv ? (int64_t)rank + 3 : 3;
     for (size_t e = 0; e < ins.values.size(); e += width) {
-        const int64_t *entry = ins.values.data() + e, oc = entry[0], channel = entry[1], value = entry[width - 1];
+        const int64_t *entry = ins.values.data() + e, value = entry[width - 1];
+        if (!conv) {  // (row k of the weights, column, value)
+            for (int64_t r = 0; r < rows; ++r) add(acc[r * channels + entry[1]], value, q[r * op.in_channels + entry[0]]);
+            continue;
+        }
+        // (output channel, source channel, tap…, value): output position o reads source position
+        // o·stride + tap·dilation − pad along each axis
+        const int64_t oc = entry[0], channel = entry[1], images = src.dims[0], positions = out.positions(),
+                      in_positions = src.positions(), in_channels = src.dims[1];
         for (int64_t o = 0; o < positions; ++o) {
-            int64_t at = 0, rest = o;
+            int64_t at = 0, rest = o, stride = 1;
             bool inside = true;
             for (size_t i = rank; i-- > 0;) {  // the last axis varies fastest
                 const int64_t extent = out.dims[2 + i], coordinate = rest % extent;
                 rest /= extent;
                 const int64_t read = coordinate * op.strides[i] + entry[2 + i] * (op.dilations[i] + 1) - op.pads_begin[i];
                 inside = inside && read >= 0 && read < src.dims[2 + i];
-                int64_t stride = 1;
-                for (size_t j = i + 1; j < rank; ++j) stride *= src.dims[2 + j];
                 at += read * stride;
+                stride *= src.dims[2 + i];
             }
             if (!inside) continue;
-            for (int64_t image = 0; image < images; ++image) {
-                const int64_t index = src.transposed() ? (image * in_positions + at) * in_channels + channel
-                                                       : (image * in_channels + channel) * in_positions + at;
-                int32_t &a = acc[(image * positions + o) * channels + oc];
-                a = (int32_t)((uint32_t)a + (uint32_t)(value * ((int64_t)q[index] - zero_point)));
-            }
+            for (int64_t image = 0; image < images; ++image)
+                add(acc[(image * positions + o) * channels + oc], value,
+                    q[src.transposed() ? (image * in_positions + at) * in_channels + channel
+                                       : (image * in_channels + channel) * in_positions + at]);
         }
     }
     std::vector<int32_t> bias_q(ins.bias.size());
     if (!ins.bias.empty()) lpt_ops::dynamic_bias(ins.bias.data(), channels, source_scale * ins.bias_scale, bias_q.data());
-    lpt_ops::dynamic_stage(acc, images * positions, channels, bias_q.empty() ? nullptr : bias_q.data(),
-                           source_scale * ins.scale, ins.beta.empty() ? nullptr : ins.beta.data(), ins.relu,
-                           program.threads);
+    lpt_ops::dynamic_stage(acc, rows, channels, bias_q.empty() ? nullptr : bias_q.data(), source_scale * ins.scale,
+                           ins.beta.empty() ? nullptr : ins.beta.data(), ins.relu, program.threads);
 }
 
 // `count` runs of `bytes` bytes, from src (runs src_stride bytes apart) to dst (dst_stride apart). Runs of
@@ -3548,7 +3561,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     to.type = signed_out ? 'b' : 'B';
                 }
                 ins.multiply = multiply, ins.relu = relu;
-            } else if (k == "dynamic_layer") {  // (a Conv's capsule, bias or None, the bias's and the output's
+            } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the output's
                                                  //  weight scales, the float32 bias or None, silu, residuals)
                 PyObject *conv, *bias, *float_bias, *residuals;
                 int silu;
@@ -3561,7 +3574,7 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     if (float_bias != Py_None) ins.beta = float_vector(float_bias, "a dynamic layer's float32 bias");
                     ins.values = int_sequence(residuals, "a dynamic layer's residuals");
                     const Operation &op = *ins.operation;
-                    if (op.kind != Kind::conv || ins.values.size() % (op.kernel_shape.size() + 1) ||
+                    if (ins.values.size() % (op.kind == Kind::conv ? op.kernel_shape.size() + 1 : 3) ||
                         (!ins.bias.empty() && (int64_t)ins.bias.size() != op.out_channels) ||
                         (!ins.beta.empty() && (int64_t)ins.beta.size() != op.out_channels))
                         throw std::invalid_argument("a dynamic layer's parameters do not fit its convolution");

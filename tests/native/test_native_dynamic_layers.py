@@ -1,5 +1,5 @@
-"""quantize_dynamic's convolution chains as one step (lpt.backend.dynamic_layers): onnxruntime's outputs, bit for bit,
-from the step's NumPy run and from its native instruction."""
+"""quantize_dynamic's convolution and matmul chains as one step (lpt.backend.dynamic_layers): onnxruntime's outputs,
+bit for bit, from the step's NumPy run and from its native instruction."""
 
 from __future__ import annotations
 
@@ -14,18 +14,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpt.native
 from lpt.backend import compile_model
-from lpt.backend.dynamic_layers import read_dynamic_conv
+from lpt.backend.dynamic_layers import read_dynamic_layer
 from lpt.numerics.onnxruntime_logistic import logistic
 
 
-def layer_nodes(x: str, y: str, name: str, bias_form: str, silu: bool) -> list:
-    """One convolution as quantize_dynamic writes it: the bias "int32" (onnxruntime before 1.9: Div by the scales'
-    product, Floor, Cast, added to the accumulators), "float32" (added after the product), or None."""
+def layer_nodes(x: str, y: str, name: str, bias_form: str, silu: bool, op: str) -> list:
+    """One convolution or matmul (`op`) as quantize_dynamic writes it: the bias "int32" (onnxruntime before 1.9: Div
+    by the scales' product, Floor, Cast, added to the accumulators), "float32" (added after the product), or None."""
     scales = f"{name}_scales"
+    pads = {"pads": [1, 1, 1, 1]} if op == "ConvInteger" else {}
     nodes = [helper.make_node("DynamicQuantizeLinear", [x], [f"{x}_q", f"{x}_s", f"{x}_zp"]),
              helper.make_node("Mul", [f"{x}_s", f"{name}_w_scale"], [scales]),
-             helper.make_node("ConvInteger", [f"{x}_q", f"{name}_w", f"{x}_zp", f"{name}_w_zp"], [f"{name}_acc"],
-                              pads=[1, 1, 1, 1])]
+             helper.make_node(op, [f"{x}_q", f"{name}_w", f"{x}_zp", f"{name}_w_zp"], [f"{name}_acc"], **pads)]
     acc = f"{name}_acc"
     if bias_form == "int32":
         nodes += [helper.make_node("Div", [f"{name}_b", scales], [f"{name}_bd"]),
@@ -48,9 +48,10 @@ def layer_nodes(x: str, y: str, name: str, bias_form: str, silu: bool) -> list:
     return nodes
 
 
-def layer_constants(rng, name: str, channels_in: int, channels_out: int, outliers: int) -> list:
-    """u8 weights around a zero point, a few of w − zw beyond int8 (Residuals), a bias up to ±bias_size."""
-    weights = rng.integers(70, 190, (channels_out, channels_in, 3, 3)).astype(np.uint8)
+def layer_constants(rng, name: str, channels_in: int, channels_out: int, outliers: int, op: str) -> list:
+    """u8 weights around a zero point, a few of w − zw beyond int8 (Residuals), a bias."""
+    shape = (channels_out, channels_in, 3, 3) if op == "ConvInteger" else (channels_in, channels_out)
+    weights = rng.integers(70, 190, shape).astype(np.uint8)
     weights.reshape(-1)[rng.choice(weights.size, outliers, replace=False)] = rng.choice([0, 255], outliers)
     return [numpy_helper.from_array(weights, f"{name}_w"),
             numpy_helper.from_array(np.uint8(rng.integers(110, 146)), f"{name}_w_zp"),
@@ -58,13 +59,18 @@ def layer_constants(rng, name: str, channels_in: int, channels_out: int, outlier
             numpy_helper.from_array(rng.normal(0, 0.5, channels_out).astype(np.float32), f"{name}_b")]
 
 
-def two_layers(seed: int, bias_form: str | None, silu: bool, channels: int, outliers: int) -> onnx.ModelProto:
-    """x → layer → layer → y, the second reading the first's float32 output."""
+def two_layers(seed: int, bias_form: str | None, silu: bool, channels: int, outliers: int,
+               op: str = "ConvInteger") -> onnx.ModelProto:
+    """x → layer → layer → y, the second reading the first's float32 output; a convolution's x [N, 3, H, W], a
+    matmul's [N, rows, 3]."""
     rng = np.random.default_rng(seed)
-    nodes = layer_nodes("x", "h", "one", bias_form, silu) + layer_nodes("h", "y", "two", bias_form, silu)
-    inits = (layer_constants(rng, "one", 3, channels, outliers) + layer_constants(rng, "two", channels, channels, outliers)
-             + [numpy_helper.from_array(np.array([1, channels, 1, 1], np.int64), "bias_shape")])
-    graph = helper.make_graph(nodes, "dynamic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, None, None])],
+    nodes = layer_nodes("x", "h", "one", bias_form, silu, op) + layer_nodes("h", "y", "two", bias_form, silu, op)
+    bias_shape = [1, channels, 1, 1] if op == "ConvInteger" else [channels]
+    inits = (layer_constants(rng, "one", 3, channels, outliers, op)
+             + layer_constants(rng, "two", channels, channels, outliers, op)
+             + [numpy_helper.from_array(np.array(bias_shape, np.int64), "bias_shape")])
+    x_shape = [None, 3, None, None] if op == "ConvInteger" else [None, None, 3]
+    graph = helper.make_graph(nodes, "dynamic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
@@ -76,12 +82,13 @@ def onnxruntime_output(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 @given(seed=st.integers(0, 2**32 - 1), bias_form=st.sampled_from(["int32", "float32", None]), silu=st.booleans(),
        channels=st.sampled_from([5, 8, 19]), outliers=st.integers(0, 3), images=st.integers(1, 2),
-       shift=st.floats(-2, 2))
-@settings(max_examples=30, deadline=None)
-def test_two_dynamic_layers_give_onnxruntimes_bits(seed, bias_form, silu, channels, outliers, images, shift):
+       shift=st.floats(-2, 2), op=st.sampled_from(["ConvInteger", "MatMulInteger"]))
+@settings(max_examples=40, deadline=None)
+def test_two_dynamic_layers_give_onnxruntimes_bits(seed, bias_form, silu, channels, outliers, images, shift, op):
     """channels 5 and 19 leave a tail past the eight lanes; a shifted source moves the zero point."""
-    model = two_layers(seed, bias_form, silu, channels, outliers)
-    x = (np.random.default_rng(seed).normal(shift, 1, (images, 3, 6, 7))).astype(np.float32)
+    model = two_layers(seed, bias_form, silu, channels, outliers, op)
+    shape = (images, 3, 6, 7) if op == "ConvInteger" else (images, 5, 3)
+    x = (np.random.default_rng(seed).normal(shift, 1, shape)).astype(np.float32)
     plan = compile_model(ir.serde.deserialize_model(model), threads=2)
     assert [step.native[0] for step in plan.steps] == ["dynamic_layer", "dynamic_layer"]
     expected = onnxruntime_output(model, x)
@@ -116,7 +123,7 @@ def test_a_chain_read_elsewhere_is_not_taken():
     model.graph.output.append(helper.make_tensor_value_info("one_acc", TensorProto.INT32, None))
     graph = ir.serde.deserialize_model(model).graph
     first, second = [n for n in graph if n.op_type == "DynamicQuantizeLinear"]
-    assert read_dynamic_conv(first) is None and read_dynamic_conv(second) is not None
+    assert read_dynamic_layer(first) is None and read_dynamic_layer(second) is not None
 
 
 @pytest.mark.parametrize("eight_lanes", [True, False])
