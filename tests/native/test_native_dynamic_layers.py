@@ -91,6 +91,8 @@ def test_two_dynamic_layers_give_onnxruntimes_bits(seed, bias_form, silu, channe
     x = (np.random.default_rng(seed).normal(shift, 1, shape)).astype(np.float32)
     plan = compile_model(ir.serde.deserialize_model(model), threads=2)
     assert [step.native[0] for step in plan.steps] == ["dynamic_layer", "dynamic_layer"]
+    [(engine, layers)] = plan.engine_counts().items()  # what `lpt run` reports
+    assert lpt.native.is_native_engine(engine) and layers == 2
     expected = onnxruntime_output(model, x)
     assert np.array_equal(plan.run({"x": x})["y"], expected)  # the native program
     assert np.array_equal(plan.run({"x": x}, keep=True)["y"], expected)  # each step's NumPy run
