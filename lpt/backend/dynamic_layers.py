@@ -6,9 +6,9 @@ quantize_dynamic turns a Conv into (ddddocr_common_old_dynq's 21 layers; a MatMu
     acc = ConvInteger(q, W, zp, zw)  or  MatMulInteger(q, W, zp, zw)   W, zw constant
     [acc = acc + Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b)))))]    the bias in steps of s·sw_b (b, sw_b constant)
     y = Cast<float>(acc) · Mul(s, sw)                                  sw constant, one value
-    [y = y + Reshape(b)]                                               the bias, in float32 (quantize_dynamic of
-                                                                         onnxruntime 1.9 on; the int32 form before)
-                                                                         along the channels, or a matmul's columns
+    [y = y + Reshape(b)]                                               the bias in float32 (onnxruntime 1.32's
+                                                                       quantize_dynamic; ddddocr's has the form above),
+                                                                       along the channels or a matmul's columns
     [y = y · Sigmoid(y)]                                               a SiLU (onnxruntime fuses it into QuickGelu)
 
 As steps of their own, the quantization and the convolution were lpt's and the rest onnxruntime's: on
@@ -105,7 +105,8 @@ def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
     inside = {id(n) for n in nodes}
     for node in nodes:
         for value in node.outputs:
-            if value is not output and (value.is_graph_output() or any(id(user) not in inside for user, _ in value.uses())):
+            read_outside = any(id(user) not in inside for user, _ in value.uses())
+            if value is not output and (value.is_graph_output() or read_outside):
                 return None
     return DynamicLayer(quantize.inputs[0], output, product, bias, bias_scale, scale, float_bias, silu is not None,
                         tuple(nodes))
@@ -193,9 +194,9 @@ def _silu(y: ir.Value) -> list[ir.Node] | None:
 
 def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool,
                    channel_axis: int) -> np.ndarray:
-    """onnxruntime's float32 ops after the product, on int32 acc (its channels along `channel_axis`, 1 or −1): the bias in steps of
-    s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the int32 Add
-    (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
+    """onnxruntime's float32 ops after the product, on int32 acc (its channels along `channel_axis`, 1 or −1): the
+    bias in steps of s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the
+    int32 Add (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
     source_scale = np.float32(source_scale)
     if bias is not None:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

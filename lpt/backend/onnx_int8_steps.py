@@ -42,7 +42,8 @@ def _zero(value):
 
 
 def convolution_window(node: ir.Node) -> dict:
-    """A ConvInteger's or QLinearConv's groups, strides, dilations, pads and auto_pad, as kernels.pack_conv takes them."""
+    """A ConvInteger's or QLinearConv's groups, strides, dilations, pads and auto_pad, as kernels.pack_conv takes
+    them."""
     return dict(groups=attribute(node, "group", 1), strides=attribute(node, "strides"),
                 dilations=attribute(node, "dilations"), pads=attribute(node, "pads"),
                 auto_pad=attribute(node, "auto_pad", "NOTSET"))

@@ -98,8 +98,9 @@ class Plan:
         branches' layers too, each branch's."""
         from lpt.native import layer_engine
 
-        counts = Counter(layer_engine(step.engine, step.native) for step in self.steps  # (a dynamic layer's step
-                         if step.layer is not None or any(op in _PRODUCTS for op in step.op_types))  # starts at its quantize)
+        # (a dynamic layer's step starts at its quantize, not its product)
+        counts = Counter(layer_engine(step.engine, step.native) for step in self.steps
+                         if step.layer is not None or any(op in _PRODUCTS for op in step.op_types))
         for step in self.steps:
             for branch in step.plans:
                 counts += branch.engine_counts()

@@ -2213,7 +2213,8 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
     const int64_t channels = op.out_channels, rows = out.count() / std::max<int64_t>(channels, 1);
     if (out.count())
         execute(op, q, conv ? memory::dims(src.dims.begin(), src.dims.end()) : memory::dims{rows, op.in_channels},
-                conv && src.transposed(), false, zero_point, Dst::s32, conv, acc, (size_t)out.count() * sizeof(int32_t));
+                conv && src.transposed(), false, zero_point, Dst::s32, conv, acc,
+                (size_t)out.count() * sizeof(int32_t));
     const auto add = [zero_point](int32_t &a, int64_t value, uint8_t level) {  // int32's wrapping sum
         a = (int32_t)((uint32_t)a + (uint32_t)(value * ((int64_t)level - zero_point)));
     };
@@ -2221,7 +2222,8 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
     for (size_t e = 0; e < ins.values.size(); e += width) {
         const int64_t *entry = ins.values.data() + e, value = entry[width - 1];
         if (!conv) {  // (row k of the weights, column, value)
-            for (int64_t r = 0; r < rows; ++r) add(acc[r * channels + entry[1]], value, q[r * op.in_channels + entry[0]]);
+            for (int64_t r = 0; r < rows; ++r)
+                add(acc[r * channels + entry[1]], value, q[r * op.in_channels + entry[0]]);
             continue;
         }
         // (output channel, source channel, tap…, value): output position o reads source position
@@ -2234,7 +2236,8 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
             for (size_t i = rank; i-- > 0;) {  // the last axis varies fastest
                 const int64_t extent = out.dims[2 + i], coordinate = rest % extent;
                 rest /= extent;
-                const int64_t read = coordinate * op.strides[i] + entry[2 + i] * (op.dilations[i] + 1) - op.pads_begin[i];
+                const int64_t read =
+                    coordinate * op.strides[i] + entry[2 + i] * (op.dilations[i] + 1) - op.pads_begin[i];
                 inside = inside && read >= 0 && read < src.dims[2 + i];
                 at += read * stride;
                 stride *= src.dims[2 + i];
@@ -2247,7 +2250,8 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
         }
     }
     std::vector<int32_t> bias_q(ins.bias.size());
-    if (!ins.bias.empty()) lpt_ops::dynamic_bias(ins.bias.data(), channels, source_scale * ins.bias_scale, bias_q.data());
+    if (!ins.bias.empty())
+        lpt_ops::dynamic_bias(ins.bias.data(), channels, source_scale * ins.bias_scale, bias_q.data());
     lpt_ops::dynamic_stage(acc, rows, channels, bias_q.empty() ? nullptr : bias_q.data(), source_scale * ins.scale,
                            ins.beta.empty() ? nullptr : ins.beta.data(), ins.relu, program.threads);
 }
@@ -3561,13 +3565,13 @@ PyObject *py_program(PyObject *, PyObject *args) {
                     to.type = signed_out ? 'b' : 'B';
                 }
                 ins.multiply = multiply, ins.relu = relu;
-            } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the output's
-                                                 //  weight scales, the float32 bias or None, silu, residuals)
+            } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the
+                                                 //  output's weight scales, the float32 bias or None, silu, residuals)
                 PyObject *conv, *bias, *float_bias, *residuals;
                 int silu;
                 ins.code = Code::dynamic_layer;
-                parsed = PyArg_ParseTuple(extra, "OOffOpO", &conv, &bias, &ins.bias_scale, &ins.scale, &float_bias, &silu,
-                                          &residuals) && hold(ins.operation = operation(conv));
+                parsed = PyArg_ParseTuple(extra, "OOffOpO", &conv, &bias, &ins.bias_scale, &ins.scale, &float_bias,
+                                          &silu, &residuals) && hold(ins.operation = operation(conv));
                 if (parsed) {
                     ins.relu = silu;
                     if (bias != Py_None) ins.bias = float_vector(bias, "a dynamic layer's bias");

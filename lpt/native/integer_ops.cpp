@@ -406,7 +406,8 @@ __attribute__((target("avx2,fma"))) void dynamic_row_avx2(int32_t *acc, int64_t 
         _mm256_storeu_ps(reinterpret_cast<float *>(acc + c), y);
     }
     float *out = reinterpret_cast<float *>(acc);
-    for (; c < channels; ++c) out[c] = dynamic_value(acc[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
+    for (; c < channels; ++c)
+        out[c] = dynamic_value(acc[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
 }
 
 }  // namespace

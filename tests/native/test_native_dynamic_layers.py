@@ -152,10 +152,11 @@ def test_onnxruntime_logistic_at_its_edges():
     rng = np.random.default_rng(2)
     values = np.concatenate([edges, rng.uniform(-25, 25, 200_000).astype(np.float32),
                              rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)])
-    session = ort.InferenceSession(helper.make_model(helper.make_graph(
-        [helper.make_node("Sigmoid", ["x"], ["y"])], "s", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])]),
-        opset_imports=[helper.make_opsetid("", 13)]).SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "s",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
     expected, got = session.run(None, {"x": values})[0], logistic(values)
     assert np.isnan(got[0]) and got[3] == got[4] and got[5] == got[6]
     assert np.array_equal(np.isnan(got), np.isnan(expected))
