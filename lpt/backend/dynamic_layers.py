@@ -233,13 +233,17 @@ def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.N
 
     def run(x):
         q, s, zp = native.dynamic_quantize(x, threads)
-        return [dynamic_output(operation.accumulate(q, int(zp)), s, chain.bias, chain.bias_scale, chain.scale,
-                               chain.float_bias, chain.silu, channel_axis)]
+        acc = operation.accumulate(q, int(zp))
+        return [dynamic_output(acc, s, chain.bias, chain.bias_scale, chain.scale, chain.float_bias, chain.silu,
+                               channel_axis), q, s, zp, acc]
 
     bias = None if chain.bias is None else np.ascontiguousarray(chain.bias, np.float32)
     instruction = ("dynamic_layer", (operation.native.instruction[1], bias, float(chain.bias_scale),
                                      float(chain.scale), chain.float_bias, chain.silu, operation.residual_entries()))
-    step = Step(run, (chain.source.name,), (chain.output.name,), tuple(n.name for n in chain.nodes),
+    # The quantization's outputs and the accumulators too, as they come: what a per-layer check compares (the native
+    # instruction gives the layer's output alone, and nothing else reads them)
+    outputs = (chain.output, *node.outputs, product.outputs[0])
+    step = Step(run, (chain.source.name,), tuple(v.name for v in outputs), tuple(n.name for n in chain.nodes),
                 tuple(n.op_type for n in chain.nodes), "int8 kernel", engine=native.engine_name(operation.native.route),
                 native=instruction)
     return step, list(chain.nodes)

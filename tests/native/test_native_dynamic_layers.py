@@ -95,7 +95,15 @@ def test_two_dynamic_layers_give_onnxruntimes_bits(seed, bias_form, silu, channe
     assert lpt.native.is_native_engine(engine) and layers == 2
     expected = onnxruntime_output(model, x)
     assert np.array_equal(plan.run({"x": x})["y"], expected)  # the native program
-    assert np.array_equal(plan.run({"x": x}, keep=True)["y"], expected)  # each step's NumPy run
+    kept = plan.run({"x": x}, keep=True)  # each step's NumPy run, with the integers a per-layer check compares
+    assert np.array_equal(kept["y"], expected)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    inside = ["x_q", "x_zp", "one_acc", "h_q", "two_acc"]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in inside)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, value in zip(inside, session.run(inside, {"x": x})):
+        assert np.array_equal(kept[name], value), name
 
 
 def test_quantize_dynamics_own_output_runs_as_one_step(tmp_path):
