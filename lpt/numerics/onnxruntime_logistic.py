@@ -15,8 +15,8 @@ MlasComputeLogisticF32KernelFma3, Eigen's rational approximation, each step one 
     logistic(x) = max(0, p / q + 0.5)          (a NaN, or −0, passes through)
 
 fma is one rounding (lpt.numerics.fake_quantize.fma_f32); the native engine (integer_ops.cpp,
-dynamic_stage) computes the same with vfmadd and std::fmaf. tests/test_onnxruntime_logistic.py checks this
-against onnxruntime's Sigmoid and QuickGelu.
+dynamic_stage) computes the same with vfmadd and std::fmaf. tests/numerics/test_onnxruntime_logistic.py checks
+this against onnxruntime's Sigmoid and QuickGelu.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""lpt.numerics.onnxruntime_logistic: onnxruntime's Sigmoid and its Sigmoid·x, bit for bit."""
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from lpt.numerics.onnxruntime_logistic import logistic, silu
+
+
+def onnxruntime_session(nodes):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    return ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                                .SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def values() -> np.ndarray:
+    """Its clamps at ±18, infinities, a NaN (which passes through), values over [−25, 25] and random bit patterns
+    (every exponent)."""
+    edges = np.array([np.nan, np.inf, -np.inf, 18, 18.5, -18, -30, -0.0, 0.0, 1e-30, -1e-45], np.float32)
+    rng = np.random.default_rng(2)
+    return np.concatenate([edges, rng.uniform(-25, 25, 200_000).astype(np.float32),
+                           rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit, any NaN equal to any NaN."""
+    return np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(a.view(np.uint32)[~np.isnan(a)],
+                                                                       b.view(np.uint32)[~np.isnan(b)])
+
+
+def test_logistic_is_onnxruntimes_sigmoid():
+    x = values()
+    got = logistic(x)
+    assert np.isnan(got[0]) and got[3] == got[4] and got[5] == got[6]
+    assert same_bits(got, onnxruntime_session([helper.make_node("Sigmoid", ["x"], ["y"])]).run(None, {"x": x})[0])
+
+
+def test_silu_is_onnxruntimes_sigmoid_then_mul():
+    """onnxruntime fuses the two into its QuickGelu: the same bits."""
+    x = values()
+    session = onnxruntime_session([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])])
+    assert same_bits(silu(x), session.run(None, {"x": x})[0])
