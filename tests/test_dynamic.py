@@ -76,10 +76,11 @@ def test_lpt_equals_onnxruntime_on_the_dynamic_model():
     agreement = integer_agreement(dynamic, plan, feeds)
     assert len(agreement) == 9  # 3 × (u8 tensor, zero point) + 3 int32 accumulators
     assert all(t.max_lsb == 0 for t in agreement)
-    np.testing.assert_allclose(plan.run(feeds)["y"], run_ort(to_proto(dynamic), feeds)[0], rtol=1e-5, atol=1e-6)
-    if lpt.native.available():  # constant weights: the engine, the run-time source zero point taken off after
-        engines = {s.op_types[0]: s.engine for s in plan.steps if s.op_types[0] == "MatMulInteger"}
-        assert engines and all(lpt.native.is_native_engine(e) for e in engines.values())
+    np.testing.assert_array_equal(plan.run(feeds)["y"], run_ort(to_proto(dynamic), feeds)[0])
+    if lpt.native.available():  # constant weights: the engine, each layer's chain one step (lpt.backend.dynamic_layers)
+        layers = [s for s in plan.steps if {"MatMulInteger", "ConvInteger"} & set(s.op_types)]
+        assert len(layers) == 3 and all(s.native[0] == "dynamic_layer" for s in layers)
+        assert all(lpt.native.is_native_engine(s.engine) for s in layers)
 
 
 def spread_matmul() -> onnx.ModelProto:

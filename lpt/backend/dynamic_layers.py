@@ -5,7 +5,7 @@ quantize_dynamic turns a Conv into (ddddocr_common_old_dynq's 21 layers; a MatMu
     q, s, zp = DynamicQuantizeLinear(x)
     acc = ConvInteger(q, W, zp, zw)  or  MatMulInteger(q, W, zp, zw)   W, zw constant
     [acc = acc + Reshape(Cast<int32>(Floor(Div(b, Mul(s, sw_b)))))]    the bias in steps of s·sw_b (b, sw_b constant)
-    y = Cast<float>(acc) · Mul(s, sw)                                  sw constant, one value
+    y = Cast<float>(acc) · Mul(s, sw)                                  sw constant: one value, or one per channel
     [y = y + Reshape(b)]                                               the bias in float32 (onnxruntime 1.32's
                                                                        quantize_dynamic; ddddocr's has the form above),
                                                                        along the channels or a matmul's columns
@@ -42,8 +42,8 @@ class DynamicLayer:
     output: ir.Value
     product: ir.Node  # the ConvInteger or MatMulInteger
     bias: np.ndarray | None  # float32, one per output channel (column), added to the accumulators in steps of s·sw_b
-    bias_scale: np.float32  # sw_b
-    scale: np.float32  # sw
+    bias_scale: np.ndarray  # sw_b, float32: one value
+    scale: np.ndarray  # sw, float32: one value, or one per output channel
     float_bias: np.ndarray | None  # float32, one per output channel, added after the product by s·sw
     silu: bool
     nodes: tuple[ir.Node, ...]
@@ -51,8 +51,8 @@ class DynamicLayer:
 
 def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
     """The chain from `quantize` (a DynamicQuantizeLinear), or None where the graph is another: the quantization's
-    outputs and every value inside the chain read only by its nodes, constant weights, per-tensor weight scales,
-    a bias along the output channels (a convolution's axis 1, a matmul's last)."""
+    outputs and every value inside the chain read only by its nodes, constant weights, weight scales and a bias along
+    the output channels (a convolution's axis 1, a matmul's last)."""
     if quantize.op_type != "DynamicQuantizeLinear" or quantize.domain not in ("", "ai.onnx") or \
             len(quantize.outputs) != 3 or quantize.inputs[0].dtype not in (ir.DataType.FLOAT, None):
         return None
@@ -68,7 +68,7 @@ def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
     # the output's rank for a convolution; None for a matmul, whose channels are its last axis
     channels, rank = (weights.shape[0], weights.ndim) if product.op_type == "ConvInteger" else (weights.shape[1], None)
     nodes = [quantize, product]
-    acc, bias, bias_scale = product.outputs[0], None, np.float32(0)
+    acc, bias, bias_scale = product.outputs[0], None, np.zeros(1, np.float32)
     reader = _only_reader(acc)
     if reader is not None and reader.op_type == "Add" and len(reader.inputs) == 2:
         found = _bias(reader.inputs[1] if reader.inputs[0] is acc else reader.inputs[0], s, channels, rank)
@@ -85,7 +85,7 @@ def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
     if scaling is None or scaling.op_type != "Mul" or len(scaling.inputs) != 2:
         return None
     scales = scaling.inputs[1] if scaling.inputs[0] is reader.outputs[0] else scaling.inputs[0]
-    scale = _weight_scale(scales.producer(), s)
+    scale = _weight_scale(scales.producer(), s, channels, rank)
     if scale is None:
         return None
     nodes += [scales.producer(), scaling]
@@ -117,14 +117,21 @@ def _only_reader(value: ir.Value) -> ir.Node | None:
     return next(iter(users.values())) if len(users) == 1 and not value.is_graph_output() else None
 
 
-def _weight_scale(mul: ir.Node | None, source_scale: ir.Value) -> np.float32 | None:
-    """c of Mul(s, c) or Mul(c, s), a constant float32 of one value, or None."""
+def _weight_scale(mul: ir.Node | None, source_scale: ir.Value, channels: int, rank: int | None) -> np.ndarray | None:
+    """c of Mul(s, c) or Mul(c, s), a constant float32 of one value or of one per channel (as _along_channels
+    broadcasts it), flat; or None."""
+    constant = _scale_constant(mul, source_scale)
+    if constant is None or (constant.size != 1 and not _along_channels(constant.shape, None, None, channels, rank)):
+        return None
+    return np.ascontiguousarray(constant.reshape(-1))
+
+
+def _scale_constant(mul: ir.Node | None, source_scale: ir.Value) -> np.ndarray | None:
+    """c of Mul(s, c) or Mul(c, s) where c is a constant float32, as given; or None."""
     if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or source_scale not in mul.inputs:
         return None
     constant = const_array(mul.inputs[1] if mul.inputs[0] is source_scale else mul.inputs[0])
-    if constant is None or constant.dtype != np.float32 or constant.size != 1:
-        return None
-    return np.float32(constant.reshape(()))
+    return constant if constant is not None and constant.dtype == np.float32 else None
 
 
 def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int | None):
@@ -140,10 +147,11 @@ def _bias(value: ir.Value, source_scale: ir.Value, channels: int, rank: int | No
     if divide is None or divide.op_type != "Div" or (bias := const_array(divide.inputs[0])) is None or \
             bias.dtype != np.float32 or bias.size != channels:
         return None
-    bias_scale = _weight_scale(divide.inputs[1].producer(), source_scale)
-    if bias_scale is None or not _along_channels(bias.shape, target, reshape, channels, rank):
+    bias_scale = _scale_constant(divide.inputs[1].producer(), source_scale)  # one value: the form onnxruntime wrote
+    if bias_scale is None or bias_scale.size != 1 or not _along_channels(bias.shape, target, reshape, channels, rank):
         return None
-    return bias.reshape(-1), bias_scale, [divide.inputs[1].producer(), divide, floor, cast, reshape]
+    return bias.reshape(-1), np.ascontiguousarray(bias_scale.reshape(-1)), [divide.inputs[1].producer(), divide, floor,
+                                                                           cast, reshape]
 
 
 def _per_channel_constant(value: ir.Value, channels: int, rank: int | None) -> np.ndarray | None:
@@ -198,16 +206,17 @@ def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float
     bias in steps of s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the
     int32 Add (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
     source_scale = np.float32(source_scale)
+    along = (-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1  # one value per channel, as it broadcasts
     if bias is not None:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             steps = np.floor(bias / (source_scale * bias_scale))
         steps = np.where((steps >= -2.0 ** 31) & (steps < 2.0 ** 31), steps, -2.0 ** 31).astype(np.int32)
-        channels = steps.reshape((-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1)
+        channels = steps.reshape(along)
         acc = (acc.view(np.uint32) + channels.view(np.uint32)).view(np.int32)
     with np.errstate(over="ignore", invalid="ignore"):
-        y = acc.astype(np.float32) * (source_scale * np.float32(scale))
+        y = acc.astype(np.float32) * (source_scale * scale).reshape(along if scale.size > 1 else ())
         if float_bias is not None:
-            y = y + float_bias.reshape((-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1)
+            y = y + float_bias.reshape(along)
     return onnxruntime_silu(y) if silu else y
 
 
@@ -238,8 +247,8 @@ def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.N
                                channel_axis), q, s, zp, acc]
 
     bias = None if chain.bias is None else np.ascontiguousarray(chain.bias, np.float32)
-    instruction = ("dynamic_layer", (operation.native.instruction[1], bias, float(chain.bias_scale),
-                                     float(chain.scale), chain.float_bias, chain.silu, operation.residual_entries()))
+    instruction = ("dynamic_layer", (operation.native.instruction[1], bias, chain.bias_scale, chain.scale,
+                                     chain.float_bias, chain.silu, operation.residual_entries()))
     # The quantization's outputs and the accumulators too, as they come: what a per-layer check compares (the native
     # instruction gives the layer's output alone, and nothing else reads them)
     outputs = (chain.output, *node.outputs, product.outputs[0])

@@ -2024,7 +2024,9 @@ struct Instruction {
     std::vector<float> table;        // gather: rows of a constant float32 table, shape in `shape`
     std::vector<int64_t> values;     // one_hot: the integers each value is compared with; dynamic_layer: its
                                      // residual weights, each (output channel, source channel, tap…, value)
-    float bias_scale = 0;            // dynamic_layer: the weight scale its bias is divided by (with the source's)
+    // dynamic_layer: the weight scales (one, or one per output channel) its bias is divided by and its output
+    // multiplied by, each with the source's
+    std::vector<float> bias_weight_scales, weight_scales;
     uint8_t low_level = 0, high_level = 0;  // one_hot: the levels of 0 and 1 (signed_out: as int8)
     std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
                                             // (dynamic_layer: its float32 bias or empty)
@@ -2249,11 +2251,18 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
                                        : (image * in_channels + channel) * in_positions + at]);
         }
     }
+    // the scales' products as onnxruntime's Mul(s, sw) makes them, one per channel
+    const auto times_source = [&](const std::vector<float> &weight_scales) {
+        std::vector<float> scales(channels);
+        for (int64_t c = 0; c < channels; ++c) scales[c] = source_scale * weight_scales[weight_scales.size() > 1 ? c : 0];
+        return scales;
+    };
     std::vector<int32_t> bias_q(ins.bias.size());
     if (!ins.bias.empty())
-        lpt_ops::dynamic_bias(ins.bias.data(), channels, source_scale * ins.bias_scale, bias_q.data());
-    lpt_ops::dynamic_stage(acc, rows, channels, bias_q.empty() ? nullptr : bias_q.data(), source_scale * ins.scale,
-                           ins.beta.empty() ? nullptr : ins.beta.data(), ins.relu, program.threads);
+        lpt_ops::dynamic_bias(ins.bias.data(), channels, times_source(ins.bias_weight_scales).data(), bias_q.data());
+    lpt_ops::dynamic_stage(acc, rows, channels, bias_q.empty() ? nullptr : bias_q.data(),
+                           times_source(ins.weight_scales).data(), ins.beta.empty() ? nullptr : ins.beta.data(),
+                           ins.relu, program.threads);
 }
 
 // `count` runs of `bytes` bytes, from src (runs src_stride bytes apart) to dst (dst_stride apart). Runs of
@@ -3491,6 +3500,10 @@ const std::map<std::string, Code> PLAIN_INSTRUCTIONS = {
     {"sigmoid", Code::sigmoid}, {"tanh", Code::tanh}, {"erf", Code::erf}, {"sqrt", Code::sqrt}, {"log", Code::log},
     {"softmax", Code::softmax}, {"global_max", Code::global_max}};
 
+bool one_or_per_channel(const std::vector<float> &values, int64_t channels) {
+    return values.size() == 1 || (int64_t)values.size() == channels;
+}
+
 PyObject *py_program(PyObject *, PyObject *args) {
     PyObject *code_o, *inputs_o, *outputs_o;
     int slot_count, threads;
@@ -3567,20 +3580,24 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 ins.multiply = multiply, ins.relu = relu;
             } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the
                                                  //  output's weight scales, the float32 bias or None, silu, residuals)
-                PyObject *conv, *bias, *float_bias, *residuals;
+                PyObject *conv, *bias, *bias_scales, *scales, *float_bias, *residuals;
                 int silu;
                 ins.code = Code::dynamic_layer;
-                parsed = PyArg_ParseTuple(extra, "OOffOpO", &conv, &bias, &ins.bias_scale, &ins.scale, &float_bias,
-                                          &silu, &residuals) && hold(ins.operation = operation(conv));
+                parsed = PyArg_ParseTuple(extra, "OOOOOpO", &conv, &bias, &bias_scales, &scales, &float_bias, &silu,
+                                          &residuals) && hold(ins.operation = operation(conv));
                 if (parsed) {
                     ins.relu = silu;
+                    ins.bias_weight_scales = float_vector(bias_scales, "a dynamic layer's bias scales");
+                    ins.weight_scales = float_vector(scales, "a dynamic layer's weight scales");
                     if (bias != Py_None) ins.bias = float_vector(bias, "a dynamic layer's bias");
                     if (float_bias != Py_None) ins.beta = float_vector(float_bias, "a dynamic layer's float32 bias");
                     ins.values = int_sequence(residuals, "a dynamic layer's residuals");
                     const Operation &op = *ins.operation;
                     if (ins.values.size() % (op.kind == Kind::conv ? op.kernel_shape.size() + 1 : 3) ||
                         (!ins.bias.empty() && (int64_t)ins.bias.size() != op.out_channels) ||
-                        (!ins.beta.empty() && (int64_t)ins.beta.size() != op.out_channels))
+                        (!ins.beta.empty() && (int64_t)ins.beta.size() != op.out_channels) ||
+                        !one_or_per_channel(ins.bias_weight_scales, op.out_channels) ||
+                        !one_or_per_channel(ins.weight_scales, op.out_channels))
                         throw std::invalid_argument("a dynamic layer's parameters do not fit its convolution");
                 }
             } else if (k == "product") {

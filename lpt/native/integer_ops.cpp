@@ -394,26 +394,25 @@ __attribute__((target("avx2,fma"))) inline __m256 logistic_lanes(__m256 x) {
 }
 
 __attribute__((target("avx2,fma"))) void dynamic_row_avx2(int32_t *acc, int64_t channels, const int32_t *bias_q,
-                                                         float scale, const float *bias, bool silu) {
-    const __m256 s = _mm256_set1_ps(scale);
+                                                         const float *scales, const float *bias, bool silu) {
     int64_t c = 0;
     for (; c + 8 <= channels; c += 8) {
         __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + c));
         if (bias_q) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bias_q + c)));
-        __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(a), s);
+        __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scales + c));
         if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + c));
         if (silu) y = _mm256_mul_ps(y, logistic_lanes(y));
         _mm256_storeu_ps(reinterpret_cast<float *>(acc + c), y);
     }
     float *out = reinterpret_cast<float *>(acc);
     for (; c < channels; ++c)
-        out[c] = dynamic_value(acc[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
+        out[c] = dynamic_value(acc[c], bias_q ? bias_q[c] : 0, scales[c], bias ? bias + c : nullptr, silu);
 }
 
 }  // namespace
 
-void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, float scale, const float *bias,
-                   bool silu, int threads) {
+void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, const float *scales,
+                   const float *bias, bool silu, int threads) {
     const bool avx2 = eight_lanes() && __builtin_cpu_supports("fma");
     int32_t *acc = static_cast<int32_t *>(values);
     constexpr int64_t ROWS = 64;  // per task
@@ -421,19 +420,19 @@ void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *
         for (int64_t r = t * ROWS; r < std::min(rows, (t + 1) * ROWS); ++r) {
             int32_t *row = acc + r * channels;
             if (avx2) {
-                dynamic_row_avx2(row, channels, bias_q, scale, bias, silu);
+                dynamic_row_avx2(row, channels, bias_q, scales, bias, silu);
                 continue;
             }
             float *out = reinterpret_cast<float *>(row);
             for (int64_t c = 0; c < channels; ++c)
-                out[c] = dynamic_value(row[c], bias_q ? bias_q[c] : 0, scale, bias ? bias + c : nullptr, silu);
+                out[c] = dynamic_value(row[c], bias_q ? bias_q[c] : 0, scales[c], bias ? bias + c : nullptr, silu);
         }
     });
 }
 
-void dynamic_bias(const float *bias, int64_t channels, float scale, int32_t *bias_q) {
+void dynamic_bias(const float *bias, int64_t channels, const float *scales, int32_t *bias_q) {
     for (int64_t c = 0; c < channels; ++c) {
-        const float t = std::floor(bias[c] / scale);
+        const float t = std::floor(bias[c] / scales[c]);
         bias_q[c] = t >= -2147483648.0f && t < 2147483648.0f ? (int32_t)t : INT32_MIN;
     }
 }

@@ -19,15 +19,15 @@ void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, 
 // then x quantized to uint8 into out.
 void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int &zero_point, int threads);
 
-// onnxruntime's float32 stage after a ConvInteger of quantize_dynamic's graph, in its operations: y =
-// f32(acc + bias_q[c])·scale + bias[c] (the int32 add wraps; bias_q, bias null: none), then with `silu`
+// onnxruntime's float32 stage after a ConvInteger or MatMulInteger of quantize_dynamic's graph, in its operations:
+// y = f32(acc + bias_q[c])·scales[c] + bias[c] (the int32 add wraps; bias_q, bias null: none), then with `silu`
 // y·logistic(y), the logistic as MLAS's FMA3 kernel computes it (lpt.numerics.onnxruntime_logistic). In place:
 // `values` holds int32 accumulators [rows, channels] and gets the float32 results.
-void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, float scale, const float *bias,
-                   bool silu, int threads);
-// bias_q[c] = int32(floor(bias[c] / scale)), as onnxruntime's Div, Floor and Cast compute it (x86's conversion:
-// INT32_MIN where the value is NaN or beyond int32).
-void dynamic_bias(const float *bias, int64_t channels, float scale, int32_t *bias_q);
+void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, const float *scales,
+                   const float *bias, bool silu, int threads);
+// bias_q[c] = int32(floor(bias[c] / scales[c])), as onnxruntime's Div, Floor and Cast compute it (x86's
+// conversion: INT32_MIN where the value is NaN or beyond int32).
+void dynamic_bias(const float *bias, int64_t channels, const float *scales, int32_t *bias_q);
 
 // out[n, c, y, x] = src[n, c, y / kh, x / kw] (nearest-neighbour upsampling by whole factors) for values
 // of `item` bytes, [N, C, H, W] or, with `channels_last`, [N, H, W, C] (and out in the same layout).
