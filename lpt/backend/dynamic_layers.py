@@ -17,10 +17,15 @@ its run computes onnxruntime's bits (lpt.numerics.dynamic_quantize_linear, the e
 ops in its order, its Sigmoid: lpt.numerics.onnxruntime_logistic), and its native instruction "dynamic_layer"
 computes the same in one pass after the convolution; consecutive layers and the float32 Adds between them then
 run as one native program.
+
+The SiLU is taken where onnxruntime computes it as its Sigmoid then a product (onnxruntime_silu_is_lpts): its
+QuickGelu calls MLAS's SiLU, which on AVX-512 CPUs (onnxruntime's recent releases) is another approximation; there
+the Sigmoid and the Mul stay onnxruntime's, and the outputs its bits still.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,10 +54,10 @@ class DynamicLayer:
     nodes: tuple[ir.Node, ...]
 
 
-def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
+def read_dynamic_layer(quantize: ir.Node, take_silu: bool = True) -> DynamicLayer | None:
     """The chain from `quantize` (a DynamicQuantizeLinear), or None where the graph is another: the quantization's
     outputs and every value inside the chain read only by its nodes, constant weights, weight scales and a bias along
-    the output channels (a convolution's axis 1, a matmul's last)."""
+    the output channels (a convolution's axis 1, a matmul's last). A SiLU after it only with `take_silu`."""
     if quantize.op_type != "DynamicQuantizeLinear" or quantize.domain not in ("", "ai.onnx") or \
             len(quantize.outputs) != 3 or quantize.inputs[0].dtype not in (ir.DataType.FLOAT, None):
         return None
@@ -97,7 +102,7 @@ def read_dynamic_layer(quantize: ir.Node) -> DynamicLayer | None:
         if float_bias is not None:
             nodes += [n for n in (other.producer(),) if n is not None and n.op_type == "Reshape"] + [adding]
             output = adding.outputs[0]
-    silu = _silu(output)
+    silu = _silu(output) if take_silu else None
     if silu is not None:
         nodes += silu
         output = silu[-1].outputs[0]
@@ -200,6 +205,23 @@ def _silu(y: ir.Value) -> list[ir.Node] | None:
     return [sigmoid, mul]
 
 
+@functools.cache
+def onnxruntime_silu_is_lpts() -> bool:
+    """Whether onnxruntime, as it runs a model, computes x·Sigmoid(x) with lpt.numerics.onnxruntime_logistic.silu's
+    bits on this machine: asked once per process, on values across the logistic's range and past its clamps."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+                              "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.concatenate([np.linspace(-20, 20, 40_001, dtype=np.float32),
+                        np.random.default_rng(0).normal(0, 4, 10_000).astype(np.float32)])
+    return bool(np.array_equal(session.run(None, {"x": x})[0], onnxruntime_silu(x)))
+
+
 def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool,
                    channel_axis: int) -> np.ndarray:
     """onnxruntime's float32 ops after the product, on int32 acc (its channels along `channel_axis`, 1 or −1): the
@@ -225,6 +247,8 @@ def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.N
     from lpt import native
 
     chain = read_dynamic_layer(node)
+    if chain is not None and chain.silu and not onnxruntime_silu_is_lpts():
+        chain = read_dynamic_layer(node, take_silu=False)
     if chain is None or chain.source.dtype != ir.DataType.FLOAT:
         return None
     product = chain.product
