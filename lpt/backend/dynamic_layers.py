@@ -20,7 +20,7 @@ run as one native program.
 
 The SiLU is taken where onnxruntime computes it as its Sigmoid then a product (onnxruntime_silu_is_lpts): its
 QuickGelu calls MLAS's SiLU, which on AVX-512 CPUs (onnxruntime's recent releases) is another approximation; there
-the Sigmoid and the Mul stay onnxruntime's, and the outputs its bits still.
+the Sigmoid and the Mul stay onnxruntime's, and the outputs are still its bits.
 """
 
 from __future__ import annotations

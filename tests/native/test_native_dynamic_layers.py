@@ -99,17 +99,17 @@ def test_two_dynamic_layers_give_onnxruntimes_bits(seed, scales_and_bias, silu, 
     layers = [step for step in plan.steps if step.native and step.native[0] == "dynamic_layer"]
     assert len(layers) == 2 and all(("Sigmoid" in step.op_types) == (silu and onnxruntime_silu_is_lpts())
                                     for step in layers)
-    [(engine, layers)] = plan.engine_counts().items()  # what `lpt run` reports
-    assert lpt.native.is_native_engine(engine) and layers == 2
+    [(engine, count)] = plan.engine_counts().items()  # what `lpt run` reports
+    assert lpt.native.is_native_engine(engine) and count == 2
     expected = onnxruntime_output(model, x)
     assert np.array_equal(plan.run({"x": x})["y"], expected)  # the native program
     kept = plan.run({"x": x}, keep=True)  # each step's NumPy run, with the integers a per-layer check compares
     assert np.array_equal(kept["y"], expected)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    showing_insides = onnx.ModelProto()
+    showing_insides.CopyFrom(model)
     inside = ["x_q", "x_zp", "one_acc", "h_q", "two_acc"]
-    probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in inside)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    showing_insides.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in inside)
+    session = ort.InferenceSession(showing_insides.SerializeToString(), providers=["CPUExecutionProvider"])
     for name, value in zip(inside, session.run(inside, {"x": x})):
         assert np.array_equal(kept[name], value), name
 
