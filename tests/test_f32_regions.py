@@ -554,7 +554,7 @@ def test_a_dynamically_quantized_swish_keeps_onnxruntimes_sigmoid(tmp_path):
     step on the native engine (lpt.backend.dynamic_layers) where onnxruntime's fused SiLU is its Sigmoid then a
     product, else in an onnxruntime region, and the outputs are onnxruntime's to the bit."""
     import lpt.native
-    from lpt.backend.dynamic_layers import onnxruntime_silu_is_lpts
+    from lpt.backend.dynamic_layers import onnxruntime_silu_form
     from onnxruntime.quantization import quantize_dynamic
 
     rng = np.random.default_rng(4)
@@ -568,7 +568,7 @@ def test_a_dynamically_quantized_swish_keeps_onnxruntimes_sigmoid(tmp_path):
     lpt.transform(int8)
     plan = compile_model(int8)
     [step] = [s for s in plan.steps if "Sigmoid" in s.op_types]
-    if lpt.native.available() and onnxruntime_silu_is_lpts():
+    if lpt.native.available() and onnxruntime_silu_form() is not None:
         assert step.native[0] == "dynamic_layer"
     else:
         assert step.backend == "onnxruntime"

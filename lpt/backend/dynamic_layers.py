@@ -18,9 +18,10 @@ ops in its order, its Sigmoid: lpt.numerics.onnxruntime_logistic), and its nativ
 computes the same in one pass after the convolution; consecutive layers and the float32 Adds between them then
 run as one native program.
 
-The SiLU is taken where onnxruntime computes it as its Sigmoid then a product (onnxruntime_silu_is_lpts): its
-QuickGelu calls MLAS's SiLU, which on AVX-512 CPUs (onnxruntime's recent releases) is another approximation; there
-the Sigmoid and the Mul stay onnxruntime's, and the outputs are still its bits.
+onnxruntime fuses the SiLU into QuickGelu, which calls MLAS's SiLU: x·logistic(x) on AVX2, and on AVX-512F CPUs
+(onnxruntime 1.32) a kernel that also clamps the logistic at 1. Which one this machine's onnxruntime computes is
+asked once (onnxruntime_silu_form), and the step computes that one; were it neither, the Sigmoid and the Mul would
+stay onnxruntime's, and the outputs its bits still.
 """
 
 from __future__ import annotations
@@ -205,10 +206,13 @@ def _silu(y: ir.Value) -> list[ir.Node] | None:
     return [sigmoid, mul]
 
 
+SILU_FORMS = ("unclamped", "clamped")  # lpt.numerics.onnxruntime_logistic.silu without and with `clamped`
+
+
 @functools.cache
-def onnxruntime_silu_is_lpts() -> bool:
-    """Whether onnxruntime, as it runs a model, computes x·Sigmoid(x) with lpt.numerics.onnxruntime_logistic.silu's
-    bits on this machine: asked once per process, on values across the logistic's range and past its clamps."""
+def onnxruntime_silu_form() -> str | None:
+    """Which of SILU_FORMS onnxruntime, as it runs a model, computes x·Sigmoid(x) with on this machine, or None:
+    asked once per process, on values across the logistic's range and past its clamps."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -219,14 +223,15 @@ def onnxruntime_silu_is_lpts() -> bool:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.concatenate([np.linspace(-20, 20, 40_001, dtype=np.float32),
                         np.random.default_rng(0).normal(0, 4, 10_000).astype(np.float32)])
-    return bool(np.array_equal(session.run(None, {"x": x})[0], onnxruntime_silu(x)))
+    y = session.run(None, {"x": x})[0]
+    return next((form for form in SILU_FORMS if np.array_equal(y, onnxruntime_silu(x, form == "clamped"))), None)
 
 
-def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: bool,
+def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float_bias, silu: str | None,
                    channel_axis: int) -> np.ndarray:
     """onnxruntime's float32 ops after the product, on int32 acc (its channels along `channel_axis`, 1 or −1): the
     bias in steps of s·sw_b (Div, Floor, then Cast to int32 as x86 converts: INT32_MIN where NaN or beyond), the
-    int32 Add (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU."""
+    int32 Add (wrapping), the Cast, the product by s·sw, the float32 bias, the SiLU in form `silu` (SILU_FORMS)."""
     source_scale = np.float32(source_scale)
     along = (-1,) + (1,) * (acc.ndim - 2) if channel_axis == 1 else -1  # one value per channel, as it broadcasts
     if bias is not None:
@@ -239,7 +244,7 @@ def dynamic_output(acc: np.ndarray, source_scale, bias, bias_scale, scale, float
         y = acc.astype(np.float32) * (source_scale * scale).reshape(along if scale.size > 1 else ())
         if float_bias is not None:
             y = y + float_bias.reshape(along)
-    return onnxruntime_silu(y) if silu else y
+    return onnxruntime_silu(y, silu == "clamped") if silu else y
 
 
 def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.Node]] | None:
@@ -247,7 +252,8 @@ def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.N
     from lpt import native
 
     chain = read_dynamic_layer(node)
-    if chain is not None and chain.silu and not onnxruntime_silu_is_lpts():
+    silu = onnxruntime_silu_form() if chain is not None and chain.silu else None
+    if chain is not None and chain.silu and silu is None:
         chain = read_dynamic_layer(node, take_silu=False)
     if chain is None or chain.source.dtype != ir.DataType.FLOAT:
         return None
@@ -267,12 +273,13 @@ def try_dynamic_layer_step(node: ir.Node, threads: int) -> tuple[Step, list[ir.N
     def run(x):
         q, s, zp = native.dynamic_quantize(x, threads)
         acc = operation.accumulate(q, int(zp))
-        return [dynamic_output(acc, s, chain.bias, chain.bias_scale, chain.scale, chain.float_bias, chain.silu,
+        return [dynamic_output(acc, s, chain.bias, chain.bias_scale, chain.scale, chain.float_bias, silu,
                                channel_axis), q, s, zp, acc]
 
     bias = None if chain.bias is None else np.ascontiguousarray(chain.bias, np.float32)
     instruction = ("dynamic_layer", (operation.native.instruction[1], bias, chain.bias_scale, chain.scale,
-                                     chain.float_bias, chain.silu, operation.residual_entries()))
+                                     chain.float_bias, 0 if silu is None else 1 + SILU_FORMS.index(silu),
+                                     operation.residual_entries()))
     # The quantization's outputs and the accumulators too, as they come: what a per-layer check compares (the native
     # instruction gives the layer's output alone, and nothing else reads them)
     outputs = (chain.output, *node.outputs, product.outputs[0])

@@ -1990,6 +1990,7 @@ struct Instruction {
     lpt_ops::Pool pool{};            // max_pool, average_pool
     bool multiply = false, relu = false, signed_out = false;  // join; quantize: the output's type
     bool count_include_pad = false;  // average_pool
+    lpt_ops::Silu silu = lpt_ops::NO_SILU;  // dynamic_layer
     char op = 0;                     // binary, chain (its first op): '*', '+', '-' or '/'
     // chain: each later op and whether the chain's value is its second operand; in: the first op's two
     // operands, then each later op's other operand
@@ -2262,7 +2263,7 @@ void run_dynamic_layer(Program &program, const Instruction &ins, const Slot &src
         lpt_ops::dynamic_bias(ins.bias.data(), channels, times_source(ins.bias_weight_scales).data(), bias_q.data());
     lpt_ops::dynamic_stage(acc, rows, channels, bias_q.empty() ? nullptr : bias_q.data(),
                            times_source(ins.weight_scales).data(), ins.beta.empty() ? nullptr : ins.beta.data(),
-                           ins.relu, program.threads);
+                           ins.silu, program.threads);
 }
 
 // `count` runs of `bytes` bytes, from src (runs src_stride bytes apart) to dst (dst_stride apart). Runs of
@@ -3579,14 +3580,16 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 }
                 ins.multiply = multiply, ins.relu = relu;
             } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the
-                                                 //  output's weight scales, the float32 bias or None, silu, residuals)
+                                                 //  output's weight scales, the float32 bias or None, the SiLU, residuals)
                 PyObject *conv, *bias, *bias_scales, *scales, *float_bias, *residuals;
                 int silu;
                 ins.code = Code::dynamic_layer;
-                parsed = PyArg_ParseTuple(extra, "OOOOOpO", &conv, &bias, &bias_scales, &scales, &float_bias, &silu,
+                parsed = PyArg_ParseTuple(extra, "OOOOOiO", &conv, &bias, &bias_scales, &scales, &float_bias, &silu,
                                           &residuals) && hold(ins.operation = operation(conv));
                 if (parsed) {
-                    ins.relu = silu;
+                    if (silu < lpt_ops::NO_SILU || silu > lpt_ops::CLAMPED_SILU)
+                        throw std::invalid_argument("a dynamic layer's SiLU must be 0 (none), 1 or 2 (clamped)");
+                    ins.silu = static_cast<lpt_ops::Silu>(silu);
                     ins.bias_weight_scales = float_vector(bias_scales, "a dynamic layer's bias scales");
                     ins.weight_scales = float_vector(scales, "a dynamic layer's weight scales");
                     if (bias != Py_None) ins.bias = float_vector(bias, "a dynamic layer's bias");

@@ -369,10 +369,12 @@ inline float logistic(float x) {  // max/min in vmaxps' and vminps' order: a NaN
     return 0.0f > y ? 0.0f : y;
 }
 
-inline float dynamic_value(int32_t acc, int32_t bias_q, float scale, const float *bias, bool silu) {
+inline float dynamic_value(int32_t acc, int32_t bias_q, float scale, const float *bias, Silu silu) {
     float y = (float)(int32_t)((uint32_t)acc + (uint32_t)bias_q) * scale;
     if (bias) y = y + *bias;
-    return silu ? y * logistic(y) : y;
+    if (silu == NO_SILU) return y;
+    const float l = logistic(y);
+    return y * (silu == CLAMPED_SILU && !(l < 1.0f) ? 1.0f : l);  // as vminps(l, 1)
 }
 
 __attribute__((target("avx2,fma"))) inline __m256 logistic_lanes(__m256 x) {
@@ -394,14 +396,16 @@ __attribute__((target("avx2,fma"))) inline __m256 logistic_lanes(__m256 x) {
 }
 
 __attribute__((target("avx2,fma"))) void dynamic_row_avx2(int32_t *acc, int64_t channels, const int32_t *bias_q,
-                                                         const float *scales, const float *bias, bool silu) {
+                                                         const float *scales, const float *bias, Silu silu) {
     int64_t c = 0;
     for (; c + 8 <= channels; c += 8) {
         __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(acc + c));
         if (bias_q) a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bias_q + c)));
         __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scales + c));
         if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + c));
-        if (silu) y = _mm256_mul_ps(y, logistic_lanes(y));
+        if (silu == SILU) y = _mm256_mul_ps(y, logistic_lanes(y));
+        if (silu == CLAMPED_SILU)  // vminps(l, 1): l where l < 1, else 1 (a NaN l gives 1, and y is then NaN)
+            y = _mm256_mul_ps(y, _mm256_min_ps(logistic_lanes(y), _mm256_set1_ps(1.0f)));
         _mm256_storeu_ps(reinterpret_cast<float *>(acc + c), y);
     }
     float *out = reinterpret_cast<float *>(acc);
@@ -412,7 +416,7 @@ __attribute__((target("avx2,fma"))) void dynamic_row_avx2(int32_t *acc, int64_t 
 }  // namespace
 
 void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, const float *scales,
-                   const float *bias, bool silu, int threads) {
+                   const float *bias, Silu silu, int threads) {
     const bool avx2 = eight_lanes() && __builtin_cpu_supports("fma");
     int32_t *acc = static_cast<int32_t *>(values);
     constexpr int64_t ROWS = 64;  // per task

@@ -20,11 +20,13 @@ void quantize(const float *x, int64_t n, float scale, int zero_point, int qmin, 
 void dynamic_quantize(const float *x, int64_t n, uint8_t *out, float &scale, int &zero_point, int threads);
 
 // onnxruntime's float32 stage after a ConvInteger or MatMulInteger of quantize_dynamic's graph, in its operations:
-// y = f32(acc + bias_q[c])·scales[c] + bias[c] (the int32 add wraps; bias_q, bias null: none), then with `silu`
-// y·logistic(y), the logistic as MLAS's FMA3 kernel computes it (lpt.numerics.onnxruntime_logistic). In place:
-// `values` holds int32 accumulators [rows, channels] and gets the float32 results.
+// y = f32(acc + bias_q[c])·scales[c] + bias[c] (the int32 add wraps; bias_q, bias null: none), then the SiLU
+// `silu`: 0 none, 1 y·logistic(y), 2 y·min(1, logistic(y)), the logistic as MLAS's FMA3 kernel computes it
+// (lpt.numerics.onnxruntime_logistic). In place: `values` holds int32 accumulators [rows, channels] and gets the
+// float32 results.
+enum Silu { NO_SILU = 0, SILU = 1, CLAMPED_SILU = 2 };
 void dynamic_stage(void *values, int64_t rows, int64_t channels, const int32_t *bias_q, const float *scales,
-                   const float *bias, bool silu, int threads);
+                   const float *bias, Silu silu, int threads);
 // bias_q[c] = int32(floor(bias[c] / scales[c])), as onnxruntime's Div, Floor and Cast compute it (x86's
 // conversion: INT32_MIN where the value is NaN or beyond int32).
 void dynamic_bias(const float *bias, int64_t channels, const float *scales, int32_t *bias_q);

@@ -17,6 +17,11 @@ MlasComputeLogisticF32KernelFma3, Eigen's rational approximation, each step one 
 fma is one rounding (lpt.numerics.fake_quantize.fma_f32); the native engine (integer_ops.cpp,
 dynamic_stage) computes the same with vfmadd and std::fmaf. tests/numerics/test_onnxruntime_logistic.py checks
 this against onnxruntime's Sigmoid and QuickGelu.
+
+Its SiLU (QuickGelu with alpha 1, which Sigmoid then Mul by x fuse into) is x·logistic(x), except where MLAS has
+an AVX-512F kernel for it (onnxruntime 1.32 on a Zen 4): that one clamps the logistic at 1 as well, x·min(1,
+logistic(x)), and gives a NaN x back as it came. The two differ where p/q + 0.5 rounds above 1: on 20 float32
+values, between 17.48 and 17.99.
 """
 
 from __future__ import annotations
@@ -50,8 +55,12 @@ def logistic(x) -> np.ndarray:
         return np.where(np.float32(0) > y, np.float32(0), y).astype(np.float32)
 
 
-def silu(x) -> np.ndarray:
-    """x·logistic(x): onnxruntime's Sigmoid then Mul (or its QuickGelu with alpha 1, which it fuses them into)."""
+def silu(x, clamped: bool = False) -> np.ndarray:
+    """x·logistic(x): onnxruntime's Sigmoid then Mul (its QuickGelu with alpha 1 where MLAS has no AVX-512F SiLU);
+    `clamped`, x·min(1, logistic(x)): its QuickGelu on an AVX-512F CPU."""
     x = np.asarray(x, dtype=np.float32)
+    y = logistic(x)
+    if clamped:
+        y = np.where(y > np.float32(1), np.float32(1), y)  # a NaN stays, and so does the product
     with np.errstate(invalid="ignore"):  # ±inf·0
-        return x * logistic(x)
+        return x * y

@@ -15,7 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 import lpt.native
 from lpt.backend import compile_model
 from lpt.backend import dynamic_layers
-from lpt.backend.dynamic_layers import onnxruntime_silu_is_lpts, read_dynamic_layer
+from lpt.backend.dynamic_layers import SILU_FORMS, onnxruntime_silu_form, read_dynamic_layer
+from lpt.numerics.onnxruntime_logistic import logistic
+from lpt.numerics.onnxruntime_logistic import silu as onnxruntime_silu
 
 
 def layer_nodes(x: str, y: str, name: str, bias_form: str, silu: bool, op: str) -> list:
@@ -97,7 +99,7 @@ def test_two_dynamic_layers_give_onnxruntimes_bits(seed, scales_and_bias, silu, 
     x = (np.random.default_rng(seed).normal(shift, 1, shape)).astype(np.float32)
     plan = compile_model(ir.serde.deserialize_model(model), threads=2)
     layers = [step for step in plan.steps if step.native and step.native[0] == "dynamic_layer"]
-    assert len(layers) == 2 and all(("Sigmoid" in step.op_types) == (silu and onnxruntime_silu_is_lpts())
+    assert len(layers) == 2 and all(("Sigmoid" in step.op_types) == (silu and onnxruntime_silu_form() is not None)
                                     for step in layers)
     [(engine, count)] = plan.engine_counts().items()  # what `lpt run` reports
     assert lpt.native.is_native_engine(engine) and count == 2
@@ -131,7 +133,7 @@ def test_quantize_dynamics_own_output_runs_as_one_step(tmp_path):
     plan = compile_model(ir.serde.deserialize_model(model), threads=2)
     [step] = [s for s in plan.steps if s.native and s.native[0] == "dynamic_layer"]
     assert {"DynamicQuantizeLinear", "ConvInteger", "Add"} <= set(step.op_types)
-    assert ("Sigmoid" in step.op_types) == onnxruntime_silu_is_lpts()
+    assert ("Sigmoid" in step.op_types) == (onnxruntime_silu_form() is not None)
     x = rng.normal(0, 1, (1, 3, 9, 9)).astype(np.float32)
     assert np.array_equal(plan.run({"x": x})["y"], onnxruntime_output(model, x))
 
@@ -145,12 +147,13 @@ def test_a_chain_read_elsewhere_is_not_taken():
     assert read_dynamic_layer(first) is None and read_dynamic_layer(second) is not None
 
 
+@pytest.mark.parametrize("form", SILU_FORMS)
 @pytest.mark.parametrize("eight_lanes", [True, False])
-def test_the_stage_computes_onnxruntimes_sigmoid(eight_lanes, monkeypatch):
+def test_the_stage_computes_onnxruntimes_sigmoid(eight_lanes, form, monkeypatch):
     """Accumulators whose products by the scale cover the logistic's range and its clamps at ±18, through the
-    engine's stage on eight lanes and on one, against lpt.numerics.onnxruntime_logistic (the SiLU taken on any
-    CPU), and against onnxruntime where its fused SiLU is that."""
-    monkeypatch.setattr(dynamic_layers, "onnxruntime_silu_is_lpts", lambda: True)
+    engine's stage on eight lanes and on one, in either form of the SiLU, against lpt.numerics.onnxruntime_logistic,
+    and against onnxruntime where its fused SiLU is that form."""
+    monkeypatch.setattr(dynamic_layers, "onnxruntime_silu_form", lambda: form)
     rng = np.random.default_rng(9)
     model = two_layers(1, None, True, 8, 0)
     plan = compile_model(ir.serde.deserialize_model(model), threads=1)
@@ -162,5 +165,48 @@ def test_the_stage_computes_onnxruntimes_sigmoid(eight_lanes, monkeypatch):
     finally:
         lpt.native.engine.float_lanes(previous)
     assert np.array_equal(values, plan.run({"x": x}, keep=True)["y"])
-    if onnxruntime_silu_is_lpts():
+    if onnxruntime_silu_form() == form:
+        assert np.array_equal(values, onnxruntime_output(model, x))
+
+
+def logistic_above_one() -> np.ndarray:
+    """The float32 values whose logistic rounds above 1 (20, between 17.48 and 17.99): where the SiLU's forms part."""
+    x = np.arange(np.float32(17).view(np.uint32), np.float32(18).view(np.uint32), dtype=np.uint32).view(np.float32)
+    return x[logistic(x) > 1]
+
+
+@pytest.mark.parametrize("form", SILU_FORMS)
+@pytest.mark.parametrize("eight_lanes", [True, False])
+def test_the_stage_clamps_the_logistic_in_its_clamped_form(eight_lanes, form, monkeypatch):
+    """A matmul layer whose accumulators are 0 and whose int32 bias puts chosen values before the SiLU, one per
+    channel: those where the logistic rounds above 1 and a few others (27 channels, a tail past eight lanes). The
+    source's range makes its scale 2⁻⁸ and the weights' 2⁻¹¹, so the bias in steps of 2⁻¹⁹ is each value exactly."""
+    monkeypatch.setattr(dynamic_layers, "onnxruntime_silu_form", lambda: form)
+    before = np.concatenate([logistic_above_one(), np.float32([17.0, 18.0, 18.5, -18.0, -17.5, 1.0, -0.75])])
+    assert len(before) == 27
+    channels = len(before)
+    graph = helper.make_graph(
+        layer_nodes("x", "y", "one", "int32", True, "MatMulInteger"), "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.full((1, channels), 128, np.uint8), "one_w"),
+         numpy_helper.from_array(np.uint8(128), "one_w_zp"),
+         numpy_helper.from_array(np.float32(2.0 ** -11), "one_w_scale"),
+         numpy_helper.from_array(before, "one_b"),
+         numpy_helper.from_array(np.array([channels], np.int64), "bias_shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    plan = compile_model(ir.serde.deserialize_model(model), threads=1)
+    [step] = plan.steps
+    assert "Sigmoid" in step.op_types
+    x = np.array([[0.0], [255 / 256]], np.float32)
+    previous = lpt.native.engine.float_lanes(eight_lanes)
+    try:
+        values = plan.run({"x": x})["y"]
+    finally:
+        lpt.native.engine.float_lanes(previous)
+    expected = onnxruntime_silu(before, clamped=form == "clamped")
+    assert np.array_equal(values, np.stack([expected, expected]))
+    assert np.array_equal(values, plan.run({"x": x}, keep=True)["y"])
+    assert np.all((values[0, :20] == before[:20]) == (form == "clamped"))  # y·1 where clamped, else y·l, l > 1
+    if onnxruntime_silu_form() == form:
         assert np.array_equal(values, onnxruntime_output(model, x))
