@@ -360,6 +360,9 @@ struct Operation {
     OutputStage stage;
     std::map<std::vector<int64_t>, std::unique_ptr<Prepared>> prepared;  // key: source dims + signedness
     std::string last_impl;
+    // The layer without spatial axes of extent 1 (unit_axes), one per set of them met (bit a: spatial axis a):
+    // the primitives made from one read its stage's memory, so it lives as long as this one
+    std::map<unsigned, std::unique_ptr<Operation>> without_unit_axes;
     // route s16: the geometry, the packed weights and the output stage as the kernel applies it (on
     // arrays padded to 16 channels); its scratch is per calling thread (run_s16)
     lpt_s16::Geometry geometry{};
@@ -930,6 +933,42 @@ std::unique_ptr<Prepared> make_prepared(Operation &op, const memory::dims &src_d
     return p;
 }
 
+// A convolution's spatial axes (bit a: axis a) where the source has extent 1 and the window spans 1 without padding,
+// while some axis remains: a Conv1D exported as a 2-D convolution ([N, C, 1, W] by a [1, k] kernel: basic_pitch's
+// constant-Q front end) or magika's [N, 256, 512, 1] by [5, 1]. Channels-last, the source and the output are the same
+// bytes without them, and oneDNN's brgconv blocks its work along the last axis: magika's 256 → 512 layer took
+// 1.27 ms as [512, 1], 0.64 as [1, 512] and 0.47 as one axis of 512 (Zen 4, 2 threads, lpt bench; OpenVINO 0.48).
+unsigned unit_axes(const Operation &op, const memory::dims &src_dims) {
+    if (op.kind != Kind::conv || op.subsample || pointwise(op)) return 0;
+    const size_t spatial = src_dims.size() - 2;
+    unsigned axes = 0;
+    for (size_t a = 0; a < spatial; ++a)
+        if (src_dims[2 + a] == 1 && op.kernel_shape[2 + a] == 1 && op.pads_begin[a] == 0 && op.pads_end[a] == 0)
+            axes |= 1u << a;
+    return axes == (1u << spatial) - 1 ? 0 : axes;
+}
+
+// `op` without the spatial axes `axes`: the geometry and what make_prepared reads, weights and stage copied
+std::unique_ptr<Operation> without_axes(const Operation &op, unsigned axes) {
+    auto r = std::make_unique<Operation>();
+    r->kind = op.kind, r->route = op.route, r->threads = op.threads;
+    r->weights = op.weights, r->hi = op.hi, r->lo = op.lo;
+    r->groups = op.groups, r->out_channels = op.out_channels, r->in_channels = op.in_channels;
+    r->subsample = op.subsample, r->src_zero_point = op.src_zero_point, r->stage = op.stage;
+    r->depthwise = op.depthwise, r->onednn_stage = op.onednn_stage;
+    const size_t spatial = op.strides.size();
+    r->weight_dims.assign(op.weight_dims.begin(), op.weight_dims.end() - spatial);
+    r->kernel_shape.assign(op.kernel_shape.begin(), op.kernel_shape.end() - spatial);
+    for (size_t a = 0; a < spatial; ++a) {
+        if (axes >> a & 1) continue;
+        r->weight_dims.push_back(op.weight_dims[op.weight_dims.size() - spatial + a]);
+        r->kernel_shape.push_back(op.kernel_shape[op.kernel_shape.size() - spatial + a]);
+        r->strides.push_back(op.strides[a]), r->dilations.push_back(op.dilations[a]);
+        r->pads_begin.push_back(op.pads_begin[a]), r->pads_end.push_back(op.pads_end[a]);
+    }
+    return r;
+}
+
 Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, int zero_point, bool channels_last_out,
                   bool staged, const Join *join) {
     std::vector<int64_t> key(src_dims.begin(), src_dims.end());
@@ -949,11 +988,21 @@ Prepared &prepare(Operation &op, const memory::dims &src_dims, bool signed_src, 
     // Each shape holds its primitives and their reordered weights: calibration meets many batch
     // sizes, and keeping them all took a real model (dnsmos_sig_bak_ovr) past 10 GB.
     if (op.prepared.size() >= MAX_PREPARED_SHAPES) op.prepared.clear();
-    auto p = make_prepared(op, src_dims, zero_point, channels_last_out, staged, join);
+    Operation *layer = &op;
+    memory::dims dims = src_dims;
+    if (const unsigned axes = unit_axes(op, src_dims)) {
+        auto &reduced = op.without_unit_axes[axes];
+        if (!reduced) reduced = without_axes(op, axes);
+        layer = reduced.get();
+        dims.assign(src_dims.begin(), src_dims.begin() + 2);
+        for (size_t a = 0; a + 2 < src_dims.size(); ++a)
+            if (!(axes >> a & 1)) dims.push_back(src_dims[2 + a]);
+    }
+    auto p = make_prepared(*layer, dims, zero_point, channels_last_out, staged, join);
     // oneDNN's reference kernels take the post-ops where its fast ones do not: lpt's stage is faster then
     // (a join stays: its caller has no memory for the layer's own output)
     if (staged && !join && p->impl.find("ref") != std::string::npos)
-        p = make_prepared(op, src_dims, zero_point, channels_last_out, false, nullptr);
+        p = make_prepared(*layer, dims, zero_point, channels_last_out, false, nullptr);
     op.last_impl = p->impl;
     return *op.prepared.emplace(key, std::move(p)).first->second;
 }

@@ -294,6 +294,47 @@ def test_wide_channels_first_sources(route, dtype, shape, kernel, pads):
     assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, zero_point, pads=list(pads)))
 
 
+UNIT_AXIS_LAYERS = {  # source shape, weights shape, window
+    "magika": ((2, 24, 61, 1), (40, 24, 5, 1), {}),
+    "conv1d-as-2d": ((1, 1, 1, 300), (12, 1, 1, 16), {"strides": (1, 2)}),
+    "grouped": ((1, 6, 1, 20), (9, 2, 1, 3), {"groups": 3, "dilations": (1, 2)}),
+    "two-of-three": ((1, 4, 1, 9, 1), (5, 4, 1, 3, 1), {"pads": (0, 1, 0, 0, 2, 0)}),
+    "padded": ((1, 4, 1, 10), (6, 4, 1, 3), {"pads": (1, 0, 1, 0)}),  # padded along the unit axis: kept
+    "in-bands": ((1, 64, 300, 1), (64, 64, 5, 1), {"pads": (2, 0, 2, 0)}),  # 6 M products: bands of rows
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("layer", UNIT_AXIS_LAYERS.values(), ids=UNIT_AXIS_LAYERS.keys())
+@pytest.mark.parametrize("src_dtype, zero_point", [(np.uint8, 9), (np.int8, -4)])
+def test_spatial_axes_of_one_leave_the_bits_as_they_are(route, layer, src_dtype, zero_point):
+    """Axes where the source has extent 1 and the window spans 1 unpadded, which oneDNN's primitives run without:
+    accumulators and the whole stage as lpt's NumPy computes them, from either layout."""
+    shape, weight_shape, window = layer
+    rng = np.random.default_rng(len(shape) + shape[1])
+    info = np.iinfo(src_dtype)
+    src = rng.integers(info.min, int(info.max) + 1, shape).astype(src_dtype)
+    weights = rng.integers(-128, 128, weight_shape).astype(np.int8)
+    spatial = len(shape) - 2
+    window = {"strides": (1,) * spatial, "dilations": (1,) * spatial, "pads": (0,) * (2 * spatial), "groups": 1,
+              **window}
+    acc = conv_reference(src, weights, zero_point, **{k: list(v) if isinstance(v, tuple) else v
+                                                      for k, v in window.items()}).astype(np.int32)
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, **window)
+    assert np.array_equal(conv.accumulate(src), acc)
+    channels_last = np.moveaxis(np.ascontiguousarray(np.moveaxis(src, 1, -1)), -1, 1)
+    assert np.array_equal(conv.accumulate(channels_last, channels_last=True), acc)
+    stage = dict(multiplier=rng.uniform(1e-4, 3e-4, weights.shape[0]).astype(np.float32),
+                 bias=rng.normal(0, 2, weights.shape[0]).astype(np.float32), post_ops=(Relu(),),
+                 dst_scale=np.float32(0.05), dst_zero_point=np.int32(3))
+    staged = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, dst_dtype=np.uint8,
+                             **stage, **window)
+    expected = output_stage(acc, qmin=0, qmax=255, **stage)
+    assert 0.2 < np.count_nonzero(expected > 3) / expected.size < 0.8  # neither all clipped nor all saturated
+    assert same_bits(staged(src), expected)
+    assert same_bits(np.ascontiguousarray(staged(src, channels_last=True)), expected)
+
+
 POINTWISE_SHAPES = [  # (in, out channels, spatial): one band; rows in bands; weights that split output channels
     (24, 40, (3, 5)), (48, 96, (40, 40)), (512, 512, (2, 2))]
 
