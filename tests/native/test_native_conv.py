@@ -335,6 +335,50 @@ def test_spatial_axes_of_one_leave_the_bits_as_they_are(route, layer, src_dtype,
     assert same_bits(np.ascontiguousarray(staged(src, channels_last=True)), expected)
 
 
+ONE_CHANNEL_LAYERS = {  # source shape, weights shape, window, whether it runs over phases
+    "basic-pitch": ((1, 1, 1, 3000), (1, 1, 1, 256), {"strides": (1, 2)}, True),
+    "padded-three-outputs": ((2, 1, 700), (3, 1, 40), {"strides": (3,), "pads": (5, 7)}, True),
+    "fewer-outputs-than-a-position": ((1, 1, 40), (1, 1, 20), {}, True),
+    "one-output-in-the-padding": ((1, 1, 10), (2, 1, 16), {"pads": (3, 3)}, True),
+    "eight-outputs": ((1, 1, 300), (8, 1, 17), {"strides": (2,)}, True),
+    "rows-of-their-own": ((1, 1, 3, 300), (2, 1, 1, 32), {}, False),  # not one row: as it was
+    "dilated": ((1, 1, 300), (1, 1, 32), {"dilations": (2,)}, False),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("layer", ONE_CHANNEL_LAYERS.values(), ids=ONE_CHANNEL_LAYERS.keys())
+@pytest.mark.parametrize("src_dtype, zero_point", [(np.uint8, 9), (np.int8, -4)])
+def test_a_long_window_over_one_channel_runs_over_phases_with_the_same_bits(route, layer, src_dtype, zero_point):
+    """A convolution of one input channel and few outputs with a long window (prepare_polyphase): accumulators and
+    8-bit and float32 stages as lpt's NumPy computes them, from and into either layout."""
+    shape, weight_shape, window, phased = layer
+    rng = np.random.default_rng(shape[-1] + weight_shape[-1])
+    info = np.iinfo(src_dtype)
+    src = rng.integers(info.min, int(info.max) + 1, shape).astype(src_dtype)
+    weights = rng.integers(-128, 128, weight_shape).astype(np.int8)
+    spatial = len(shape) - 2
+    window = {"strides": (1,) * spatial, "dilations": (1,) * spatial, "pads": (0,) * (2 * spatial), **window}
+    acc = conv_reference(src, weights, zero_point, **{k: list(v) for k, v in window.items()}).astype(np.int32)
+    conv = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, **window)
+    assert np.array_equal(conv.accumulate(src), acc)
+    assert conv.implementation.endswith(" over phases") == phased
+    assert np.array_equal(conv.accumulate(src, channels_last=True), acc)
+    per_channel = np.moveaxis(acc, 1, 0).reshape(weights.shape[0], -1).astype(np.float64)
+    multiplier = (2 / (per_channel.std(axis=1) + 1)).astype(np.float32)  # outputs of about ±2 around the bias
+    bias = (-per_channel.mean(axis=1) * multiplier).astype(np.float32)
+    for dst_dtype, dst_scale in [(np.uint8, np.float32(0.05)), (None, None)]:
+        stage = dict(multiplier=multiplier, bias=bias, post_ops=(Relu(),), dst_scale=dst_scale,
+                     dst_zero_point=np.int32(3))
+        staged = lpt.native.Conv(weights, src_zero_point=zero_point, route=route, threads=2, dst_dtype=dst_dtype,
+                                 **stage, **window)
+        expected = output_stage(acc, qmin=0, qmax=255, **stage)
+        assert same_bits(staged(src), expected)
+        assert same_bits(np.ascontiguousarray(staged(src, channels_last=True)), expected)
+        if dst_dtype is not None and expected.size > 100:
+            assert 0.2 < np.count_nonzero(expected > 3) / expected.size < 0.8  # neither all clipped nor saturated
+
+
 POINTWISE_SHAPES = [  # (in, out channels, spatial): one band; rows in bands; weights that split output channels
     (24, 40, (3, 5)), (48, 96, (40, 40)), (512, 512, (2, 2))]
 
