@@ -484,7 +484,7 @@ template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void store_levels_512(const GeluStage512 &g,
                                                                                                 __m512i level, T *out) {
     const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(level) : _mm512_cvtsepi32_epi8(level);
-    _mm_mask_storeu_epi8(out, g.lanes, bytes);
+    store_bytes_16(out, g.lanes, bytes);
 }
 
 // N positions of the GELU stage: the operations of stage_values, gelu_reference_512_n and store_quantized in
@@ -1841,7 +1841,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_values_512(co
         const __mmask16 lanes = n - i >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         const __m512i levels = levels_512(_mm512_maskz_loadu_ps(lanes, x + i), q);
         const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(levels) : _mm512_cvtsepi32_epi8(levels);
-        _mm_mask_storeu_epi8(out + i, lanes, bytes);
+        store_bytes_16(out + i, lanes, bytes);
     }
 }
 }  // namespace

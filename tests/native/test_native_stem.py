@@ -55,6 +55,7 @@ STAGES = [  # own: the kernel takes the layer (stem.h: fits)
     dict(post_ops=(Relu(),), dst_dtype=np.uint8, dst_zero_point=0, own=True),
     dict(post_ops=(Clip(0.0, 6.0),), dst_dtype=np.uint8, dst_zero_point=0, own=True),
     dict(post_ops=(LeakyRelu(0.1),), dst_dtype=np.int8, dst_zero_point=-3, own=True),
+    dict(post_ops=(Relu(),), dst_dtype=np.int8, dst_zero_point=-100, own=True),  # the Relu as the levels' bound
     dict(post_ops=(Sigmoid(),), dst_dtype=np.uint8, dst_zero_point=0, own=False),
     dict(post_ops=(Relu(),), dst_dtype=None, dst_zero_point=0, own=False),  # a float32 destination
 ]
@@ -117,6 +118,29 @@ def test_one_dimensional_stems(channels, kernel, stride, pads):
                            **window)
     expected = output_stage(conv_reference(src, weights, -5, **window), multiplier, bias, (Relu(),),
                             dst_scale=np.float32(0.02), dst_zero_point=-128, qmin=-128, qmax=127)
+    np.testing.assert_array_equal(conv(src, channels_last=True), expected)
+    if runs_here():
+        assert lpt.native.engine.implementation(conv._operation) == STEM
+
+
+@pytest.mark.parametrize("post_ops, dst_dtype, dst_zero_point", [((), np.uint8, 7), ((Relu(),), np.int8, -100),
+                                                                  ((Clip(0.0, 6.0),), np.uint8, 0)])
+def test_every_odd_accumulator_a_tie(post_ops, dst_dtype, dst_zero_point):
+    """x = acc / 2 at a scale of 1: every odd accumulator's level is a tie, which the kernel takes from the quotient
+    (rounded half to even), and the rest from the product; small weights keep most levels inside the range."""
+    rng = np.random.default_rng(3)
+    weights = rng.integers(-3, 4, (24, 1, 3, 3)).astype(np.int8)
+    src = rng.integers(0, 40, (1, 1, 20, 33)).astype(np.uint8)
+    multiplier = np.full(24, 0.5, np.float32)
+    window = dict(pads=(1, 1, 1, 1))
+    conv = lpt.native.Conv(weights, src_zero_point=20, multiplier=multiplier, post_ops=post_ops,
+                           dst_scale=np.float32(1.0), dst_zero_point=dst_zero_point, dst_dtype=dst_dtype, threads=2,
+                           **window)
+    acc = conv_reference(src, weights, 20, **window)
+    assert 0.3 < np.count_nonzero(acc % 2) / acc.size
+    limits = np.iinfo(dst_dtype)
+    expected = output_stage(acc, multiplier, None, post_ops, dst_scale=np.float32(1.0), dst_zero_point=dst_zero_point,
+                            qmin=int(limits.min), qmax=int(limits.max))
     np.testing.assert_array_equal(conv(src, channels_last=True), expected)
     if runs_here():
         assert lpt.native.engine.implementation(conv._operation) == STEM
