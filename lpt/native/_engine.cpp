@@ -1689,15 +1689,15 @@ __attribute__((target_clones("avx2", "default"))) void dequantize_columns(const 
     }
 }
 
+bool run_polyphase(Operation &op, const uint8_t *src, const memory::dims &dims, bool signed_src, int src_zero_point,
+                   Dst dst, bool channels_last_out, void *out, size_t out_bytes);
+
 // One run of a prepared operation on raw memory: src u8/s8 (conv [N, C, *spatial], channels-first or,
 // with `channels_last`, [N, *spatial, C]; matmul [M, K]) → out (out_bytes long) in `dst`'s type.
 // src_zero_point: the operation's own, or one given at run time (py_run).
 // `rows_done`, where given, sees each band's rows once staged, on the thread that staged them (every row at
 // the end on route s16 and for a layer of one band). `join`, on route u8s8 where stages_in_onednn holds: out
 // is the join's output (Join), the layer's own never written.
-bool run_polyphase(Operation &op, const uint8_t *src, const memory::dims &dims, bool signed_src, int src_zero_point,
-                   Dst dst, bool channels_last_out, void *out, size_t out_bytes);
-
 void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
              int src_zero_point, Dst dst, bool channels_last_out, void *out, size_t out_bytes,
              const RowsDone *rows_done = nullptr, const Join *join = nullptr) {

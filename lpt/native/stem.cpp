@@ -34,9 +34,9 @@ constexpr int64_t FEW_PRODUCTS = 32;         // as lpt/native/routes.py's
 // high)), and so with x / scale, as rounding keeps the order and 0·r = 0 / scale = 0. Values below 2^-96 are not
 // flushed to 0 (lpt_s16::Epilogue::flush_tiny, which keeps them out of post-ops that would take them slowly): they
 // give 0's level either way, the kernel's post-op is at most a clip, and acc·multiplier + bias falls below 2^-96
-// only where it cancels to within that. dnsmos_sig_bak_ovr's 1 → 128 layer over
-// 900×161 took 2.24 → 2.01 ms so, and 1.36 with whole stores (lpt_s16::store_bytes_16; Zen 4, 2 threads, lpt's
-// layer alone; OpenVINO's 1.03 in its network).
+// only where it cancels to within that. dnsmos_sig_bak_ovr's 1 → 128 layer over 900×161 took 2.24 → 2.01 ms so,
+// and 1.36 with whole stores (lpt_s16::store_bytes_16; Zen 4, 2 threads, lpt's layer alone; OpenVINO's 1.03 in
+// its network).
 struct BlockStage {
     __m512 multiplier, bias, slope, low, high;                    // the post-op's clip, where it is not folded
     __m512 reciprocal, scale, near_half, level_low, level_high;  // the quantizer's (levels_512's Reciprocal)
