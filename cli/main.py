@@ -258,13 +258,16 @@ def _share(fraction: float) -> str:
 
 
 def _print_check(check) -> None:
-    table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB end to end ({_share(check.share_exact)} "
-                        f"exactly equal), max {check.max_local_lsb} LSB per layer", title_justify="left")
-    for column in ("quantized tensor", "max LSB", "exactly equal", "max LSB, layer alone", "values"):
-        table.add_column(column)
-    for t, alone in zip(check.tensors, check.local):
-        table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(alone.max_lsb), str(t.size))
-    console.print(table)
+    if check.tensors:
+        table = Table(title=f"lpt vs the FQ model: max {check.max_lsb} LSB end to end ({_share(check.share_exact)} "
+                            f"exactly equal), max {check.max_local_lsb} LSB per layer", title_justify="left")
+        for column in ("quantized tensor", "max LSB", "exactly equal", "max LSB, layer alone", "values"):
+            table.add_column(column)
+        for t, alone in zip(check.tensors, check.local):
+            table.add_row(t.tensor, str(t.max_lsb), _share(t.share_exact), str(alone.max_lsb), str(t.size))
+        console.print(table)
+    else:  # a model quantized at run time (DynamicQuantizeLinear) has no fixed levels to compare
+        say("lpt vs the FQ model: it has no fake-quantized tensor to compare layer by layer; its outputs:")
     outputs = Table(title="outputs (f32)", title_justify="left")
     for column in ("output", "against", "max |diff|", "exactly equal", "why they may differ"):
         outputs.add_column(column)

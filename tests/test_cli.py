@@ -85,6 +85,26 @@ def test_run_writes_outputs_and_cross_checks(fq_model, tmp_path):
     assert np.load(out)["y"].shape == (6, 5)
 
 
+def test_run_checks_a_dynamically_quantized_model_by_its_outputs(tmp_path):
+    """quantize_dynamic's model has no fixed levels: no empty per-tensor table, the outputs equal onnxruntime's."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "f32",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8, 8])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "f32.onnx")
+    quantize_dynamic(tmp_path / "f32.onnx", tmp_path / "dynamic.onnx", op_types_to_quantize=["Conv"])
+    np.savez(tmp_path / "data.npz", x=rng.normal(0, 1, (4, 3, 8, 8)).astype(np.float32))
+    result = invoke("run", tmp_path / "dynamic.onnx", "--data", tmp_path / "data.npz", "--check")
+    assert result.exit_code == 0, result.output
+    assert "no fake-quantized tensor to compare" in result.output
+    assert "100%" in result.output.split("outputs (f32)")[1]
+
+
 def test_run_without_data_says_what_to_pass(fq_model):
     result = invoke("run", fq_model)
     assert result.exit_code == 1 and "pass --data" in result.output
