@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace lpt_s16 {
 
@@ -63,6 +64,15 @@ __attribute__((target("avx512f"), always_inline)) inline void levels_512_n(const
                 n[v] = _mm512_sub_ps(_mm512_add_ps(exact, q.magic), q.magic);
             }
     for (int v = 0; v < N; ++v) levels[v] = _mm512_cvttps_epi32(_mm512_add_ps(n[v], q.zero_point));  // + zero_point is exact
+}
+
+// Sixteen values from `from`, those of `lanes` (0 in the others): a masked load only where some lane is left out,
+// which Zen 4 takes far more slowly than a whole one (a quantization of 1.2 M values, 2 threads: 0.42 → 0.17 ms).
+__attribute__((target("avx512f"))) inline __m512 load_16(const float *from, __mmask16 lanes) {
+    return lanes == 0xFFFF ? _mm512_loadu_ps(from) : _mm512_maskz_loadu_ps(lanes, from);
+}
+__attribute__((target("avx512f"))) inline __m512i load_16(const int32_t *from, __mmask16 lanes) {
+    return lanes == 0xFFFF ? _mm512_loadu_si512(from) : _mm512_maskz_loadu_epi32(lanes, from);
 }
 
 // The bytes of `lanes` into out: a masked store only where some lane is left out, which Zen 4 takes far more

@@ -472,7 +472,7 @@ template <int N>
 __attribute__((target("avx512f"), always_inline)) inline void gelu_arguments_512(const GeluStage512 &g, const int32_t *acc,
                                                                                  int64_t acc_stride, __m512 *x) {
     for (int v = 0; v < N; ++v) {
-        const __m512i values = _mm512_maskz_loadu_epi32(g.lanes, acc + v * acc_stride);
+        const __m512i values = load_16(acc + v * acc_stride, g.lanes);
         x[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(values), g.multiplier);
         if (g.biased) x[v] = _mm512_add_ps(x[v], g.bias);
         if (g.flush_tiny)  // flushed(): +0 where |x| < TINY
@@ -1839,7 +1839,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_values_512(co
     const Quantizer512 q = given;  // in registers: a store through `out` could alias `given`
     for (int64_t i = 0; i < n; i += LANES) {
         const __mmask16 lanes = n - i >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        const __m512i levels = levels_512(_mm512_maskz_loadu_ps(lanes, x + i), q);
+        const __m512i levels = levels_512(load_16(x + i, lanes), q);
         const __m128i bytes = std::is_same_v<T, uint8_t> ? _mm512_cvtusepi32_epi8(levels) : _mm512_cvtsepi32_epi8(levels);
         store_bytes_16(out + i, lanes, bytes);
     }
