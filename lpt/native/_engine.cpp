@@ -1888,6 +1888,10 @@ bool run_polyphase(Operation &op, const uint8_t *src, const memory::dims &dims, 
                 std::memcpy(to + n * kept + (o * outputs + j) * item, from + (j * oc + o) * item, item);
     }
     op.last_impl = phased.last_impl + " over phases";
+    if (phase_source.bytes() + phase_outputs.bytes() > KEEP_SCRATCH_BYTES) {  // a long recording's: give it back
+        phase_source.release();
+        phase_outputs.release();
+    }
     return true;
 }
 
