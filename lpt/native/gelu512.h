@@ -119,15 +119,15 @@ __attribute__((target("avx512f"))) inline GeluFast512 gelu_fast_512() {
 
 // The approximation of N vectors x into y, and each lane's clamped argument u (the bound's).
 template <int N>
-__attribute__((target("avx512f"), always_inline)) inline void gelu_fast_512_n(const __m512 *x, const GeluFast512 &g,
-                                                                             __m512 *y, __m512 *u) {
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline void gelu_fast_512_n(const __m512 *x,
+                                                                                      const GeluFast512 &g, __m512 *y,
+                                                                                      __m512 *u) {
     __m512 t[N], p[N];
     __m512i k[N];
     for (int v = 0; v < N; ++v) {
-        u[v] = _mm512_min_ps(_mm512_mul_ps(_mm512_abs_ps(x[v]), g.per_unit), g.last);
-        const __m512 whole = _mm512_roundscale_ps(u[v], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        k[v] = _mm512_cvttps_epi32(whole);
-        t[v] = _mm512_sub_ps(u[v], whole);
+        u[v] = _mm512_min_ps(_mm512_mul_ps(_mm512_abs_ps(x[v]), g.per_unit), g.last);  // not negative, below 32
+        k[v] = _mm512_cvttps_epi32(u[v]);                                               // floor(u)
+        t[v] = _mm512_reduce_ps(u[v], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);       // u − floor(u), exactly
         p[v] = _mm512_permutex2var_ps(g.terms[0][0], k[v], g.terms[0][1]);
     }
     for (int d = 1; d <= GELU_FAST_DEGREE; ++d)
