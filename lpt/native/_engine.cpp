@@ -1343,7 +1343,8 @@ void prepare_polyphase(Operation &op) {
     for (size_t a = 0; a + 1 < spatial; ++a)
         if (op.kernel_shape[2 + a] != 1 || op.strides[a] != 1 || op.pads_begin[a] || op.pads_end[a]) return;
     const int64_t k = op.kernel_shape.back(), stride = op.strides.back(), oc = op.out_channels;
-    const int64_t g = (POLYPHASE_CHANNELS + oc - 1) / oc, phases = stride * g, taps = (stride * (g - 1) + k + phases - 1) / phases;
+    const int64_t g = (POLYPHASE_CHANNELS + oc - 1) / oc, phases = stride * g;
+    const int64_t taps = (stride * (g - 1) + k + phases - 1) / phases;
     auto r = std::make_unique<Operation>();
     r->kind = Kind::conv, r->route = op.route, r->threads = op.threads, r->src_zero_point = op.src_zero_point;
     r->out_channels = g * oc, r->in_channels = phases;
@@ -1354,7 +1355,8 @@ void prepare_polyphase(Operation &op) {
         for (int64_t o = 0; o < oc; ++o)
             for (int64_t i = 0; i < k; ++i) {  // sample stride·j + i of the position's phases
                 const int64_t at = stride * j + i;
-                r->weights[(size_t)(((j * oc + o) * phases + at % phases) * taps + at / phases)] = op.weights[o * k + i];
+                const size_t to = (size_t)(((j * oc + o) * phases + at % phases) * taps + at / phases);
+                r->weights[to] = op.weights[o * k + i];
             }
     if (r->route == Route::split) {  // as parse_common splits them
         r->hi.resize(r->weights.size());
@@ -1862,7 +1864,8 @@ bool run_polyphase(Operation &op, const uint8_t *src, const memory::dims &dims, 
     const int64_t outputs = (padded - k) / stride + 1, oc = op.out_channels, g = op.phase_outputs;
     const int64_t phases = phased.in_channels, taps = phased.kernel_shape.back();
     const int64_t positions = (outputs + g - 1) / g, rows = positions + taps - 1;
-    const size_t item = item_size(dst), kept = (size_t)(outputs * oc) * item, computed = (size_t)(positions * g * oc) * item;
+    const size_t item = item_size(dst), kept = (size_t)(outputs * oc) * item;
+    const size_t computed = (size_t)(positions * g * oc) * item;
     if (out_bytes != images * kept) throw std::invalid_argument("out does not have the output's size");
     const uint8_t flip = signed_src ? 0x80 : 0, zero_point = (uint8_t)(src_zero_point + (signed_src ? 128 : 0));
     thread_local Scratch<uint8_t> phase_source, phase_outputs;
@@ -3743,7 +3746,8 @@ PyObject *py_program(PyObject *, PyObject *args) {
                 }
                 ins.multiply = multiply, ins.relu = relu;
             } else if (k == "dynamic_layer") {  // (a Conv's or MatMul's capsule, bias or None, the bias's and the
-                                                 //  output's weight scales, the float32 bias or None, the SiLU, residuals)
+                                                 //  output's weight scales, the float32 bias or None, the SiLU,
+                                                 //  residuals)
                 PyObject *conv, *bias, *bias_scales, *scales, *float_bias, *residuals;
                 int silu;
                 ins.code = Code::dynamic_layer;

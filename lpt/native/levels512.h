@@ -78,7 +78,8 @@ __attribute__((target("avx512f"))) inline __m512i load_16(const int32_t *from, _
 // The bytes of `lanes` into out: a masked store only where some lane is left out, which Zen 4 takes far more
 // slowly than a whole one (lpt_stem's 1 → 128 layer over 900×161, 18.5 MB out: 2.0 → 1.4 ms, 2 threads).
 template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store_bytes_16(T *out, __mmask16 lanes, __m128i bytes) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store_bytes_16(T *out, __mmask16 lanes,
+                                                                                 __m128i bytes) {
     if (lanes == 0xFFFF)
         _mm_storeu_si128(reinterpret_cast<__m128i *>(out), bytes);
     else

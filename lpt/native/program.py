@@ -13,9 +13,10 @@ prepared MatMul's, kernel_h, kernel_w), "quantize" (scale, zero point, qmin, qma
 "flatten" (axis), "squeeze_ones" (axes: each squeezed where it is 1, kept where longer), "product" (a prepared
 lpt.native Product), "dynamic_layer" (a prepared Conv or MatMul, bias or None, its weight scale, the output's, a
 float32 bias or None, the SiLU (0 none, 1 x·logistic, 2 x·min(1, logistic)), residual weights: float32 in and
-out, lpt.backend.dynamic_layers), and on float32 "mean" (a global average), "average_pool" (kernel, strides,
-pads, count_include_pad), "hard_swish", "binary" ("mul" or "add": the same shapes, or one value per channel)
-and "concat" (any number of inputs: along the channels, or along the axis it is given), "softmax" (inputs after the first: the int64 shapes a written-out softmax's Reshapes and
+out, lpt.backend.dynamic_layers), and on float32 "mean" (a global
+average), "average_pool" (kernel, strides, pads, count_include_pad), "hard_swish", "binary" ("mul"
+or "add": the same shapes, or one value per channel) and "concat" (any number of inputs: along the
+channels, or along the axis it is given), "softmax" (inputs after the first: the int64 shapes a written-out softmax's Reshapes and
 Expands are given, each x's with 1 last), "layer_norm" (scale, bias or None, epsilon), "moment_layer_norm" (factor, epsilon,
 scale, bias: jax2tf's over axis 1 of [N, C, T] or [N, C]; inputs after the first are the int64 shapes its
 Reshapes and Expands are given, each of which must be [N, 1, T] or [N, 1]), "relu", "sigmoid", "tanh", "erf", "gelu" (divisor, one, half),

@@ -657,7 +657,8 @@ inline void largest_of_lanes(const float *ratios, const float *xs, int lanes, fl
 }
 
 // gelu_fast_worst_ratio over [first, end): the largest ratio (a NaN's infinite) and its x.
-__attribute__((target("avx512f,avx512dq"))) void gelu_fast_worst_in(int64_t first, int64_t end, float &worst, float &at) {
+__attribute__((target("avx512f,avx512dq"))) void gelu_fast_worst_in(int64_t first, int64_t end, float &worst,
+                                                                     float &at) {
     const GeluReference512 reference = gelu_reference_512(GELU_FAST_DIVISOR, GELU_FAST_ONE, GELU_FAST_HALF);
     const GeluFast512 fast = gelu_fast_512();
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

@@ -180,7 +180,8 @@ def logistic_above_one() -> np.ndarray:
 def test_the_stage_clamps_the_logistic_in_its_clamped_form(eight_lanes, form, monkeypatch):
     """A matmul layer whose accumulators are 0 and whose int32 bias puts chosen values before the SiLU, one per
     channel: those where the logistic rounds above 1 and a few others (27 channels, a tail past eight lanes). The
-    source's range makes its scale 2⁻⁸ and the weights' 2⁻¹¹, so the bias in steps of 2⁻¹⁹ is each value exactly."""
+    source's range makes its scale 2⁻⁸ and the weights' 2⁻¹¹, so the bias in steps of 2⁻¹⁹ is each value
+    exactly."""
     monkeypatch.setattr(dynamic_layers, "onnxruntime_silu_form", lambda: form)
     before = np.concatenate([logistic_above_one(), np.float32([17.0, 18.0, 18.5, -18.0, -17.5, 1.0, -0.75])])
     assert len(before) == 27
