@@ -1843,7 +1843,7 @@ __attribute__((target("avx2"))) void quantize_values_typed(const float *x, int64
 
 // quantize_values_typed's levels, sixteen lanes per register.
 template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_values_512(const float *x, int64_t n,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_values_512(const float *x, int64_t n,
                                                                                const Quantizer512 &given, T *out) {
     const Quantizer512 q = given;  // in registers: a store through `out` could alias `given`
     for (int64_t i = 0; i < n; i += LANES) {

@@ -27,20 +27,17 @@ constexpr int64_t PARALLEL_WORK = 1 << 14;   // output values below which one th
 constexpr int64_t ROW_SLACK = 4 * MAX_WORDS; // read past a padded row by its last positions' last word
 constexpr int64_t FEW_PRODUCTS = 32;         // as lpt/native/routes.py's
 
-// The output stage's constants for one block of sixteen channels, in registers. The levels are
-// lpt_s16::levels_512's (rint(clamp(x·r)) where that is rint(clamp(x / scale))), in fewer operations: vreduceps
-// gives y − rint(y) for the test next to a half, and vcvtps2dq rounds half to even. A Relu (a clip at 0, no slope,
-// no upper bound) is the quantizer's lower bound: rint(clamp(max(0, x)·r, low, high)) = rint(clamp(x·r, max(0, low),
+// The output stage's constants for one block of sixteen channels, in registers. A Relu (a clip at 0, no slope, no
+// upper bound) is the quantizer's lower bound: rint(clamp(max(0, x)·r, low, high)) = rint(clamp(x·r, max(0, low),
 // high)), and so with x / scale, as rounding keeps the order and 0·r = 0 / scale = 0. Values below 2^-96 are not
 // flushed to 0 (lpt_s16::Epilogue::flush_tiny, which keeps them out of post-ops that would take them slowly): they
 // give 0's level either way, the kernel's post-op is at most a clip, and acc·multiplier + bias falls below 2^-96
-// only where it cancels to within that. dnsmos_sig_bak_ovr's 1 → 128 layer over 900×161 took 2.24 → 2.01 ms so,
-// and 1.36 with whole stores (lpt_s16::store_bytes_16; Zen 4, 2 threads, lpt's layer alone; OpenVINO's 1.03 in
-// its network).
+// only where it cancels to within that. dnsmos_sig_bak_ovr's 1 → 128 layer over 900×161 took 2.24 → 2.01 ms with
+// those and levels_512's shorter form, and 1.36 with whole stores (lpt_s16::store_bytes_16; Zen 4, 2 threads,
+// lpt's layer alone; OpenVINO's 1.03 in its network).
 struct BlockStage {
-    __m512 multiplier, bias, slope, low, high;                    // the post-op's clip, where it is not folded
-    __m512 reciprocal, scale, near_half, level_low, level_high;  // the quantizer's (levels_512's Reciprocal)
-    __m512i zero_point;
+    __m512 multiplier, bias, slope, low, high;  // the post-op's clip, where it is not folded
+    lpt_s16::Quantizer512 quantizer;
     bool clipped, sloped, is_signed;
 };
 
@@ -74,26 +71,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
             x[v] = _mm512_mask_mul_ps(x[v], _mm512_cmp_ps_mask(x[v], _mm512_setzero_ps(), _CMP_LT_OQ), x[v], stage.slope);
     if (stage.clipped)
         for (int v = 0; v < N; ++v) x[v] = _mm512_min_ps(stage.high, _mm512_max_ps(stage.low, x[v]));
-    constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m512i levels[N];
-    __mmask16 near[N], any = 0;
+    lpt_s16::levels_512_n<N>(x, stage.quantizer, levels);
     for (int v = 0; v < N; ++v) {
-        const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(x[v], stage.reciprocal), stage.level_low),
-                                       stage.level_high);
-        near[v] = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(y, NEAREST)), stage.near_half, _CMP_GE_OQ);
-        any |= near[v];
-        levels[v] = _mm512_cvt_roundps_epi32(y, NEAREST);
-    }
-    if (any)  // next to a half: the quotient's level
-        for (int v = 0; v < N; ++v)
-            if (near[v]) {
-                const __m512 exact = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x[v], stage.scale), stage.level_low),
-                                                   stage.level_high);
-                levels[v] = _mm512_mask_mov_epi32(levels[v], near[v], _mm512_cvt_roundps_epi32(exact, NEAREST));
-            }
-    for (int v = 0; v < N; ++v) {
-        const __m512i level = _mm512_add_epi32(levels[v], stage.zero_point);
-        const __m128i bytes = stage.is_signed ? _mm512_cvtsepi32_epi8(level) : _mm512_cvtusepi32_epi8(level);
+        const __m128i bytes = stage.is_signed ? _mm512_cvtsepi32_epi8(levels[v]) : _mm512_cvtusepi32_epi8(levels[v]);
         lpt_s16::store_bytes_16(out + v * channels, lanes, bytes);
     }
 }
@@ -106,20 +87,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
     const int64_t block_stride = w.blocks * LANES;
     const bool clip = e.post_op_count == 1;
     const bool relu = clip && e.post_ops[1] == 1.0f && e.post_ops[2] == 0.0f && e.post_ops[3] == INFINITY;
-    const lpt_s16::Reciprocal r = lpt_s16::reciprocal(e.scale, e.zero_point, e.qmin, e.qmax);
-    const float level_low = (float)(e.qmin - e.zero_point);
     BlockStage stage{};
     stage.slope = _mm512_set1_ps(clip ? e.post_ops[1] : 1.0f);
     stage.low = _mm512_set1_ps(clip ? e.post_ops[2] : -INFINITY);
     stage.high = _mm512_set1_ps(clip ? e.post_ops[3] : INFINITY);
     stage.clipped = clip && !relu;
     stage.sloped = clip && e.post_ops[1] != 1.0f;
-    stage.reciprocal = _mm512_set1_ps(r.value);
-    stage.scale = _mm512_set1_ps(e.scale);
-    stage.near_half = _mm512_set1_ps(r.near_half);
-    stage.level_low = _mm512_set1_ps(relu ? std::max(level_low, 0.0f) : level_low);
-    stage.level_high = _mm512_set1_ps((float)(e.qmax - e.zero_point));
-    stage.zero_point = _mm512_set1_epi32(e.zero_point);
+    stage.quantizer = lpt_s16::quantizer_512(e.scale, e.zero_point, e.qmin, e.qmax);
+    if (relu) stage.quantizer.low = _mm512_set1_ps(std::max((float)(e.qmin - e.zero_point), 0.0f));
     stage.is_signed = e.type == lpt_s16::Epilogue::s8;
     for (int64_t b = 0; b < w.blocks; ++b) {
         const int64_t left = channels - b * LANES;
