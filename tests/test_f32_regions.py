@@ -551,8 +551,8 @@ def test_a_dynamically_quantized_swish_keeps_onnxruntimes_sigmoid(tmp_path):
     """ddddocr's old model: Conv → Sigmoid·x, quantized by quantize_dynamic, so the next layer's scale comes
     from its input's range at run time. lpt's own Sigmoid, a few float32 steps from onnxruntime's, could
     move that range and every level with it: in such a plan the Sigmoid is onnxruntime's, inside the layer's
-    step on the native engine (lpt.backend.dynamic_layers) where onnxruntime's fused SiLU is its Sigmoid then a
-    product, else in an onnxruntime region, and the outputs are onnxruntime's to the bit."""
+    step on the native engine (lpt.backend.dynamic_layers) where lpt knows the form of onnxruntime's fused SiLU on
+    this CPU, else in an onnxruntime region, and the outputs are onnxruntime's to the bit."""
     import lpt.native
     from lpt.backend.dynamic_layers import onnxruntime_silu_form
     from onnxruntime.quantization import quantize_dynamic
