@@ -256,17 +256,78 @@ void max_pool_channels_last_typed(const T *src, int64_t images, int64_t channels
                            images * oh, [=](int64_t row) { one_row(src, row, channels, h, w, p, out); });
 }
 
+// An 8×8 block of 4-byte values through AVX2 registers: rows of `in` become rows of `out`'s columns.
+__attribute__((target("avx2"))) inline void transpose_8x8(const uint32_t *in, int64_t in_stride, uint32_t *out,
+                                                         int64_t out_stride) {
+    __m256i r[8], t[8], s[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i * in_stride));
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int h = 0; h < 2; ++h) {
+            s[4 * i + 2 * h] = _mm256_unpacklo_epi64(t[4 * i + h], t[4 * i + h + 2]);
+            s[4 * i + 2 * h + 1] = _mm256_unpackhi_epi64(t[4 * i + h], t[4 * i + h + 2]);
+        }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i * out_stride), _mm256_permute2x128_si256(s[i], s[i + 4], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + (i + 4) * out_stride),
+                            _mm256_permute2x128_si256(s[i], s[i + 4], 0x31));
+    }
+}
+
+// A 16×16 block of bytes: four rounds of interleaving row i with row i + 8 (SSE2, every x86-64 has it).
+inline void transpose_16x16(const uint8_t *in, int64_t in_stride, uint8_t *out, int64_t out_stride) {
+    __m128i x[16], y[16];
+    for (int i = 0; i < 16; ++i) x[i] = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i * in_stride));
+    for (int round = 0; round < 4; ++round) {
+        for (int i = 0; i < 8; ++i) {
+            y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
+            y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
+        }
+        std::copy(y, y + 16, x);
+    }
+    for (int i = 0; i < 16; ++i) _mm_storeu_si128(reinterpret_cast<__m128i *>(out + i * out_stride), x[i]);
+}
+
+// out[c][r] = in[r][c] for rows [r0, r1) of one image: for each block of B columns, the tile's rows in blocks
+// of B×B through registers (`block`), so that each output row is written in runs of the tile's length. Written
+// one value at a time along an input row, as before, each value went to another output row: a layer's 96
+// channels over 160×160 into channels-first float32 took 14 ms on one thread (Zen 4), 0.6 ms so.
+template <typename T, int B, typename Block>
+void transpose_tile(const T *in, T *out, int64_t rows, int64_t columns, int64_t r0, int64_t r1, Block block) {
+    const int64_t whole_rows = r0 + (r1 - r0) / B * B;
+    int64_t c0 = 0;
+    for (; c0 + B <= columns; c0 += B) {
+        int64_t r = r0;
+        for (; r < whole_rows; r += B) block(in + r * columns + c0, columns, out + c0 * rows + r, rows);
+        for (int64_t c = c0; c < c0 + B; ++c)
+            for (int64_t k = r; k < r1; ++k) out[c * rows + k] = in[k * columns + c];
+    }
+    for (int64_t c = c0; c < columns; ++c)
+        for (int64_t k = r0; k < r1; ++k) out[c * rows + k] = in[k * columns + c];
+}
+
 template <typename T>
 void transpose_typed(const T *src, T *dst, int64_t images, int64_t rows, int64_t columns, int threads) {
-    constexpr int64_t TILE = 32;
-    const int64_t row_tiles = (rows + TILE - 1) / TILE;
+    constexpr int64_t ROW_TILE = 128;  // 512-byte runs of 4-byte values; 128 rows of 96 floats stay in L1/L2
+    const int64_t row_tiles = (rows + ROW_TILE - 1) / ROW_TILE;
+    const bool avx2 = eight_lanes();
     lpt_parallel::for_each(images * rows * columns >= PARALLEL_WORK ? threads : 1, images * row_tiles, [=](int64_t t) {
-        const int64_t n = t / row_tiles, r0 = (t % row_tiles) * TILE, r1 = std::min(rows, r0 + TILE);
+        const int64_t n = t / row_tiles, r0 = (t % row_tiles) * ROW_TILE, r1 = std::min(rows, r0 + ROW_TILE);
         const T *in = src + n * rows * columns;
         T *out = dst + n * rows * columns;
-        for (int64_t c0 = 0; c0 < columns; c0 += TILE)
-            for (int64_t r = r0; r < r1; ++r)
-                for (int64_t c = c0; c < std::min(columns, c0 + TILE); ++c) out[c * rows + r] = in[r * columns + c];
+        if constexpr (sizeof(T) == 1) {
+            transpose_tile<T, 16>(in, out, rows, columns, r0, r1, transpose_16x16);
+        } else if (avx2) {
+            transpose_tile<T, 8>(in, out, rows, columns, r0, r1, transpose_8x8);
+        } else {
+            transpose_tile<T, 8>(in, out, rows, columns, r0, r1, [](const T *i, int64_t is, T *o, int64_t os) {
+                for (int c = 0; c < 8; ++c)
+                    for (int r = 0; r < 8; ++r) o[c * os + r] = i[r * is + c];
+            });
+        }
     });
 }
 

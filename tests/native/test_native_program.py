@@ -615,6 +615,33 @@ def test_reshape_and_transpose_are_numpys(seed, rank, dtype, computed, data):
     assert same_bits(y, np.ascontiguousarray(expected.reshape(onnx_reshape_dims(expected.shape, target, False))))
 
 
+@pytest.mark.parametrize("eight_lanes", [True, False])
+@pytest.mark.parametrize("channels, height, width", [(3, 7, 9), (8, 16, 16), (17, 13, 23), (40, 12, 33)])
+def test_a_layers_output_reaches_channels_first_order_and_a_channels_first_operand_its_layout(eight_lanes, channels,
+                                                                                             height, width):
+    """A convolution's output lies channels-last; the program returns it channels-first, float32 and 8-bit, and an
+    operand added to it arrives channels-first and is read in the layer's layout: transposes in blocks through
+    registers (8×8 of 4 bytes, 16×16 of one byte) with the rows and columns that fill no block one at a time. The
+    layer passes its source through (identity weights), so every value says where it came from."""
+    rng = np.random.default_rng(channels)
+    identity = np.eye(channels, dtype=np.int8).reshape(channels, channels, 1, 1)
+    to_float = lpt.native.Conv(identity, src_zero_point=100, threads=2)
+    to_bytes = lpt.native.Conv(identity, src_zero_point=100, dst_scale=np.float32(1), dst_zero_point=100,
+                               dst_dtype=np.uint8, threads=2)
+    q = rng.integers(0, 256, (2, channels, height, width)).astype(np.uint8)
+    x = rng.normal(0, 50, q.shape).astype(np.float32)
+    program = Program([("layer", ["q"], "f", to_float.instruction[1]), ("layer", ["q"], "b", to_bytes.instruction[1]),
+                       ("binary", ["f", "x"], "s", "add")], ["q", "x"], ["f", "b", "s"], threads=2)
+    previous = lpt.native.engine.float_lanes(eight_lanes)
+    try:
+        f, b, s = program(q, x)
+    finally:
+        lpt.native.engine.float_lanes(previous)
+    assert same_bits(f, q.astype(np.float32) - 100)
+    assert same_bits(b, q)
+    assert same_bits(s, (q.astype(np.float32) - 100) + x)
+
+
 @pytest.mark.parametrize("target", [[5, 5], [-1, -1], [-2, 12], [0, 0, 6]])
 def test_a_reshape_to_a_computed_target_it_cannot_take_gives_way(target):
     """Another count of values, two −1s, a negative size, a 0 past the rank: the program raises Unsupported (the
