@@ -2540,6 +2540,40 @@ const void *channels_first(const Slot &a, Program &program) {
     return order;
 }
 
+// Whether `perm` of values of `dims` moves one block of axes past the next, leaving out axes of one value
+// and taking axes that stay side by side as one: [A, B, C] to [A, C, B] (A may be 1), which lpt_ops::transpose
+// copies in blocks through registers (images A, rows B, columns C). permute reads along the output's last axis,
+// a column of the input here: a program of one (0, 2, 1) transpose of [1, 96, 25600] float32 took 5.0-5.2 ms so,
+// 1.3 ms with the blocks; of [1, 25600, 96] 2.4-2.6 → 0.6-0.9 (Zen 4, one and two threads).
+bool as_block_transpose(const std::vector<int64_t> &dims, const std::vector<int64_t> &perm, int64_t &images,
+                        int64_t &rows, int64_t &columns) {
+    const int64_t rank = (int64_t)dims.size();
+    const auto next_kept = [&](int64_t axis) {  // the input's next axis of more than one value
+        while (++axis < rank && dims[axis] == 1) {}
+        return axis;
+    };
+    std::vector<std::pair<int64_t, int64_t>> groups;  // runs of input axes [first, last], in the output's order
+    for (int64_t axis : perm) {
+        if (dims[axis] == 1) continue;
+        if (!groups.empty() && next_kept(groups.back().second) == axis) groups.back().second = axis;
+        else groups.emplace_back(axis, axis);
+    }
+    const auto extent = [&](const std::pair<int64_t, int64_t> &g) {
+        int64_t n = 1;
+        for (int64_t axis = g.first; axis <= g.second; ++axis) n *= dims[axis];
+        return n;
+    };
+    if (groups.size() == 2 && groups[0].first > groups[1].first) {  // [B, C] → [C, B]
+        images = 1, rows = extent(groups[1]), columns = extent(groups[0]);
+        return true;
+    }
+    if (groups.size() == 3 && groups[0].first < groups[2].first && groups[2].first < groups[1].first) {
+        images = extent(groups[0]), rows = extent(groups[2]), columns = extent(groups[1]);
+        return true;
+    }
+    return false;
+}
+
 // Whether `a`, transposed by `perm`, is its own values lying channels-last: `a` lies channels-first,
 // and the axes of the result's channels-last order ([N, *spatial, C]) are a's in order, but for a's
 // axes of one value, which may go anywhere.
@@ -3229,7 +3263,10 @@ void step(Program &program, const Instruction &ins) {
             out.dims = std::move(dims);
             const int64_t count = a.count();
             unsigned char *o = static_cast<unsigned char *>(out.allocate(a.type, count));
+            int64_t images = 0, rows = 0, columns = 0;
             if (rank == 0) std::memcpy(o, in, a.item());
+            else if (as_block_transpose(a.dims, ins.shape, images, rows, columns))
+                lpt_ops::transpose(in, o, images, rows, columns, a.item(), program.threads);
             else if (count) lpt_ops::permute(in, a.item(), out.dims.data(), step.data(), (int)rank, o);
             break;
         }

@@ -642,6 +642,22 @@ def test_a_layers_output_reaches_channels_first_order_and_a_channels_first_opera
     assert same_bits(s, (q.astype(np.float32) - 100) + x)
 
 
+@pytest.mark.parametrize("eight_lanes", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+@pytest.mark.parametrize("shape, perm", [((37, 45), (1, 0)), ((2, 40, 33), (0, 2, 1)), ((1, 17, 9, 11), (0, 2, 3, 1)),
+                                         ((2, 9, 1, 11, 24), (0, 4, 2, 1, 3)), ((3, 1, 20, 18), (1, 2, 0, 3))])
+def test_a_transpose_of_two_blocks_of_axes_is_numpys(eight_lanes, dtype, shape, perm):
+    """Perms that move one run of axes past the next (axes of one value anywhere) copy as a blocked transpose, with
+    blocks that do not fill 8×8 or 16×16 at the edges; the last moves runs of whole rows (numpy's order, by permute)."""
+    x = np.random.default_rng(len(shape)).integers(0, 256, shape).astype(dtype)
+    previous = lpt.native.engine.float_lanes(eight_lanes)
+    try:
+        t = Program([("transpose", ["x"], "t", perm)], ["x"], ["t"], threads=2)(x)[0]
+    finally:
+        lpt.native.engine.float_lanes(previous)
+    assert same_bits(t, np.ascontiguousarray(x.transpose(perm)))
+
+
 @pytest.mark.parametrize("target", [[5, 5], [-1, -1], [-2, 12], [0, 0, 6]])
 def test_a_reshape_to_a_computed_target_it_cannot_take_gives_way(target):
     """Another count of values, two −1s, a negative size, a 0 past the rank: the program raises Unsupported (the
