@@ -408,14 +408,6 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
 }
 
 
-// Whether e.levels stands for e's stage: prepared, and for the quantization e has now (a copy of an Epilogue
-// may quantize to another scale: _engine.cpp's stage of a layer and the Add after it).
-inline bool levels_apply(const Epilogue &e) {
-    const Epilogue::Levels &l = e.levels;
-    return l.near_half > 0.0f && l.scale == e.scale && l.zero_point == e.zero_point && l.qmin == e.qmin &&
-           l.qmax == e.qmax;
-}
-
 // clipped_stage without a slope, from Epilogue::Levels: per vector of eight values a conversion, one fused
 // product, a clamp and the nearest integer (and with PER_LANE, the bound for the value's accumulator), where
 // clipped_stage takes a product, a sum, the clip, a division (vdivps: one per 3.5-5 cycles on a Zen 3) and the

@@ -188,6 +188,14 @@ struct Epilogue {
 };
 constexpr float TINY = 0x1p-96f;
 
+// Whether e.levels stands for e's stage: prepared, and for the quantization e has now (a copy of an Epilogue
+// may quantize to another scale: _engine.cpp's stage of a layer and the Add after it).
+inline bool levels_apply(const Epilogue &e) {
+    const Epilogue::Levels &l = e.levels;
+    return l.near_half > 0.0f && l.scale == e.scale && l.zero_point == e.zero_point && l.qmin == e.qmin &&
+           l.qmax == e.qmax;
+}
+
 // e.levels for `channels` channels, where largest[c] bounds |acc| of channel c (Σ|w|·255): their multipliers,
 // biases and bounds into `constants` (three runs of `channels` padded to a multiple of 16), which must outlive e.
 void prepare_clipped_levels(Epilogue &e, const double *largest, int64_t channels, std::vector<float> &constants);
