@@ -271,7 +271,8 @@ __attribute__((target("avx2"))) inline void transpose_8x8(const uint32_t *in, in
             s[4 * i + 2 * h + 1] = _mm256_unpackhi_epi64(t[4 * i + h], t[4 * i + h + 2]);
         }
     for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i * out_stride), _mm256_permute2x128_si256(s[i], s[i + 4], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i * out_stride),
+                            _mm256_permute2x128_si256(s[i], s[i + 4], 0x20));
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + (i + 4) * out_stride),
                             _mm256_permute2x128_si256(s[i], s[i + 4], 0x31));
     }

@@ -407,7 +407,6 @@ __attribute__((target("avx2"))) void clipped_stage(const Epilogue &e, const int3
     }
 }
 
-
 // clipped_stage without a slope, from Epilogue::Levels: per vector of eight values a conversion, one fused
 // product, a clamp and the nearest integer (and with PER_LANE, the bound for the value's accumulator), where
 // clipped_stage takes a product, a sum, the clip, a division (vdivps: one per 3.5-5 cycles on a Zen 3) and the
@@ -526,7 +525,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) void gelu_positio
 // over 160×160 (Zen 4, 2 threads, three runs each): 0.59-0.60 → 0.55-0.57 ms. One margin serves every lane
 // (near_half less the bound's term at u's largest, GELU_FAST_LAST) instead of each lane's u: a product and sum
 // fewer per vector, a few more vectors next to a half; such a layer in a program on random values (Zen 4, one
-// thread, five runs) 1.10 → 1.00-1.05 ms, the detector's own 1.32-1.34 → 1.35-1.36 (no change seen there).
+// thread, five runs) 1.10 → 1.00-1.05 ms; the detector's own 1.32 → 1.32-1.38 in eight runs (no change seen).
 template <typename T, int N>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) inline void gelu_fast_positions_512(
         const GeluStage512 &g, const int32_t *acc, int64_t acc_stride, T *out, int64_t out_stride) {

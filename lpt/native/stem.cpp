@@ -52,10 +52,12 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) inline void reference
                                                                                        const BlockStage &stage,
                                                                                        __m512i *levels) {
     __m512 x[N];
-    for (int v = 0; v < N; ++v) x[v] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), stage.multiplier), stage.bias);
+    for (int v = 0; v < N; ++v)
+        x[v] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), stage.multiplier), stage.bias);
     if (stage.sloped)  // x < 0 ? x·slope : x
         for (int v = 0; v < N; ++v)
-            x[v] = _mm512_mask_mul_ps(x[v], _mm512_cmp_ps_mask(x[v], _mm512_setzero_ps(), _CMP_LT_OQ), x[v], stage.slope);
+            x[v] = _mm512_mask_mul_ps(x[v], _mm512_cmp_ps_mask(x[v], _mm512_setzero_ps(), _CMP_LT_OQ), x[v],
+                                      stage.slope);
     if (stage.clipped)
         for (int v = 0; v < N; ++v) x[v] = _mm512_min_ps(stage.high, _mm512_max_ps(stage.low, x[v]));
     lpt_s16::levels_512_n<N>(x, stage.quantizer, levels);
@@ -63,7 +65,8 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) inline void reference
 
 // One vector by the reference, out of line: inlined into fused_levels' loop, its constants and registers crowded
 // the fused product's.
-__attribute__((target("avx512f,avx512dq"), noinline)) __m512i reference_levels_of(__m512i acc, const BlockStage &stage) {
+__attribute__((target("avx512f,avx512dq"), noinline)) __m512i reference_levels_of(__m512i acc,
+                                                                                 const BlockStage &stage) {
     __m512i levels;
     reference_levels<1>(&acc, stage, &levels);
     return levels;
@@ -78,14 +81,12 @@ template <int N>
 __attribute__((target("avx512f,avx512dq"), always_inline)) inline void fused_levels(const __m512i *acc,
                                                                                    const BlockStage &stage,
                                                                                    __m512i *levels) {
-    constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __mmask16 near[N], any = 0;
     for (int v = 0; v < N; ++v) {
         const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), stage.level_multiplier, stage.level_bias);
-        const __m512 clamped = _mm512_min_ps(_mm512_max_ps(y, stage.level_low), stage.level_high);
-        near[v] = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(clamped, NEAREST)), stage.near_half, _CMP_GE_OQ);
+        near[v] = lpt_s16::nearest_levels(_mm512_min_ps(_mm512_max_ps(y, stage.level_low), stage.level_high),
+                                          stage.near_half, levels[v]);
         any |= near[v];
-        levels[v] = _mm512_cvt_roundps_epi32(clamped, NEAREST);
     }
     if (any)
         for (int v = 0; v < N; ++v)
