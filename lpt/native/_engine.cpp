@@ -1898,15 +1898,12 @@ bool run_polyphase(Operation &op, const uint8_t *src, const memory::dims &dims, 
     }
     execute(phased, x, {images, phases, rows}, true, false, zero_point, dst, true, y, images * computed);
     uint8_t *to = static_cast<uint8_t *>(out);
-    for (int64_t n = 0; n < images; ++n) {
+    for (int64_t n = 0; n < images; ++n) {  // each image's first `outputs` rows, [outputs, OC] or [OC, outputs]
         const uint8_t *from = y + n * computed;
-        if (channels_last_out || oc == 1) {
+        if (channels_last_out || oc == 1)
             std::memcpy(to + n * kept, from, kept);
-            continue;
-        }
-        for (int64_t o = 0; o < oc; ++o)  // [outputs, OC] → [OC, outputs]
-            for (int64_t j = 0; j < outputs; ++j)
-                std::memcpy(to + n * kept + (o * outputs + j) * item, from + (j * oc + o) * item, item);
+        else
+            lpt_ops::transpose(from, to + n * kept, 1, outputs, oc, (int)item, op.threads);
     }
     op.last_impl = phased.last_impl + " over phases";
     if (phase_source.bytes() + phase_outputs.bytes() > KEEP_SCRATCH_BYTES) {  // a long recording's: give it back
