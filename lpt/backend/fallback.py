@@ -27,6 +27,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from lpt import limits
+from lpt.backend.conv1d_as_matmul import conv1d_as_matmul
 from lpt.errors import ModelError, size_text
 from lpt.reference import CUSTOM_OPS
 
@@ -144,7 +145,7 @@ class RegionRunner:
     def _build(self, dtypes: list[ir.DataType]) -> None:
         proto = self.model_proto(dtypes)
         try:
-            session = _session(proto, self.threads, self.alone, self.spin_while_running)
+            session = _session(conv1d_as_matmul(proto), self.threads, self.alone, self.spin_while_running)
         except Exception as err:  # noqa: BLE001 - e.g. NOT_IMPLEMENTED for a type: split the region
             if len(self.nodes) == 1:
                 node, why = self.nodes[0], " ".join(str(err).split()) or type(err).__name__
