@@ -32,7 +32,7 @@ def stem_cases(draw):
     channels = draw(st.integers(1, 3))
     kernel_w = draw(st.integers(1, 16 // channels))
     kernel_h = draw(st.integers(1, max(1, 31 // (channels * kernel_w))))
-    out_channels = draw(st.sampled_from([1, 5, 16, 24, 33]))
+    out_channels = draw(st.sampled_from([1, 5, 16, 24, 33, 64, 128]))  # 64, 128: four blocks at once
     strides = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
     dilations = (draw(st.integers(1, 2)), 1)
     pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
@@ -61,16 +61,26 @@ STAGES = [  # own: the kernel takes the layer (stem.h: fits)
 ]
 
 
-@given(case=stem_cases(), stage=st.sampled_from(STAGES), channels_last=st.booleans())
+def one_margin_multipliers(weights, dst_scale, rng) -> np.ndarray:
+    """Multipliers small enough for one margin to serve every value (prepare_clipped_levels: 6u·|acc|·|m / s| at
+    most 2^-10 with |acc| at its largest, Σ|w|·255), so the kernel takes the fused stage: each channel's largest
+    accumulator at 200-1000 levels."""
+    largest = 255.0 * np.abs(weights.reshape(weights.shape[0], -1).astype(np.float64)).sum(axis=1)
+    return (rng.uniform(200, 1000, weights.shape[0]) * float(dst_scale) / np.maximum(largest, 1)).astype(np.float32)
+
+
+@given(case=stem_cases(), stage=st.sampled_from(STAGES), channels_last=st.booleans(), one_margin=st.booleans())
 @settings(max_examples=150, deadline=None)
-def test_the_output_stage_equals_the_reference(case, stage, channels_last):
+def test_the_output_stage_equals_the_reference(case, stage, channels_last, one_margin):
     """Pads holding the zero point, strides, a dilated height, partial blocks of sixteen channels, signed
-    sources, every output stage the kernel applies (and two it leaves to oneDNN or s16), either layout of the
-    source; the output channels-last, as programs take it."""
+    sources, every output stage the kernel applies (and two it leaves to oneDNN or s16), the fused stage and the
+    reference's, either layout of the source; the output channels-last, as programs take it."""
     src, weights, zero_point, window, rng = case
     multiplier = rng.uniform(1e-4, 4e-3, weights.shape[0]).astype(np.float32)
     bias = rng.normal(0, 1, weights.shape[0]).astype(np.float32)
     dst_scale = None if stage["dst_dtype"] is None else np.float32(rng.uniform(0.01, 0.2))
+    if one_margin and dst_scale is not None:
+        multiplier = one_margin_multipliers(weights, dst_scale, rng)
     conv = lpt.native.Conv(weights, src_zero_point=zero_point, multiplier=multiplier, bias=bias,
                            post_ops=stage["post_ops"], dst_scale=dst_scale, dst_zero_point=stage["dst_zero_point"],
                            dst_dtype=stage["dst_dtype"], threads=2, **window)
@@ -84,16 +94,26 @@ def test_the_output_stage_equals_the_reference(case, stage, channels_last):
     assert got.dtype == expected.dtype and np.array_equal(np.ascontiguousarray(got).view(np.uint8),
                                                           np.ascontiguousarray(expected).view(np.uint8))
     if runs_here():
-        assert (lpt.native.engine.implementation(conv._operation) == STEM) == stage["own"]
+        own = stage["own"] and not over_phases(src.shape[1], weights.shape, window)
+        assert (lpt.native.engine.implementation(conv._operation) == STEM) == own
+
+
+def over_phases(channels, weights_shape, window) -> bool:
+    """Whether the engine runs the layer as a convolution over phases of its source instead (prepare_polyphase:
+    one channel, a window of 16 taps or more along the last axis only, few output channels)."""
+    out_channels, _, kernel_h, kernel_w = weights_shape
+    return (channels == 1 and out_channels <= 8 and kernel_h == 1 and kernel_w >= 16 and window["strides"][0] == 1
+            and window["pads"][0] == window["pads"][2] == 0)
 
 
 def test_a_spectrogram_stem_over_many_rows_on_two_threads():
     """dnsmos_sig_bak_ovr's first layer's shape (1 → 128 channels, 3×3, over 900 × 161 here cut to 60 rows):
-    rows split among threads, eight blocks of channels, a Relu and a u8 destination."""
+    rows split among threads, eight blocks of channels, a Relu and a u8 destination; its fused stage (one margin for
+    every value), as the model's weights and scales give it, four blocks at a time."""
     rng = np.random.default_rng(5)
     weights = rng.integers(-128, 128, (128, 1, 3, 3)).astype(np.int8)
     src = rng.integers(0, 256, (1, 1, 60, 161)).astype(np.uint8)
-    multiplier = rng.uniform(1e-4, 1e-3, 128).astype(np.float32)
+    multiplier = one_margin_multipliers(weights, 0.03, rng)
     bias = rng.normal(0, 0.5, 128).astype(np.float32)
     window = dict(pads=(1, 1, 1, 1))
     conv = lpt.native.Conv(weights, src_zero_point=12, multiplier=multiplier, bias=bias, post_ops=(Relu(),),
@@ -125,13 +145,14 @@ def test_one_dimensional_stems(channels, kernel, stride, pads):
 
 @pytest.mark.parametrize("post_ops, dst_dtype, dst_zero_point", [((), np.uint8, 7), ((Relu(),), np.int8, -100),
                                                                   ((Clip(0.0, 6.0),), np.uint8, 0)])
-def test_every_odd_accumulator_a_tie(post_ops, dst_dtype, dst_zero_point):
+@pytest.mark.parametrize("out_channels, largest_weight", [(24, 3), (64, 2)])  # 64, |w| ≤ 2: four_blocks' fused stage
+def test_every_odd_accumulator_a_tie(post_ops, dst_dtype, dst_zero_point, out_channels, largest_weight):
     """x = acc / 2 at a scale of 1: every odd accumulator's level is a tie, which the kernel takes from the quotient
     (rounded half to even), and the rest from the product; small weights keep most levels inside the range."""
     rng = np.random.default_rng(3)
-    weights = rng.integers(-3, 4, (24, 1, 3, 3)).astype(np.int8)
+    weights = rng.integers(-largest_weight, largest_weight + 1, (out_channels, 1, 3, 3)).astype(np.int8)
     src = rng.integers(0, 40, (1, 1, 20, 33)).astype(np.uint8)
-    multiplier = np.full(24, 0.5, np.float32)
+    multiplier = np.full(out_channels, 0.5, np.float32)
     window = dict(pads=(1, 1, 1, 1))
     conv = lpt.native.Conv(weights, src_zero_point=20, multiplier=multiplier, post_ops=post_ops,
                            dst_scale=np.float32(1.0), dst_zero_point=dst_zero_point, dst_dtype=dst_dtype, threads=2,
