@@ -326,6 +326,25 @@ def test_both_directions_run_at_once_each_in_one_native_call_with_the_bits_of_a_
     assert all(np.array_equal(one_thread.run(feeds)[name], at_once[name]) for name in ("Y", "Y_h", "Y_c"))
 
 
+def test_large_outputs_are_handed_over_each_run_its_own():
+    """An output of 256 KB or more comes back in the memory the program computed it in (no copy), which the next
+    run does not reuse: the first run's arrays keep their values. An output listed twice, and a small one, are
+    copied."""
+    program = Program([("binary", ["a", "b"], "y", "add"), ("binary", ["y", "a"], "z", "mul"),
+                       ("binary", ["c", "c"], "small", "add")], ["a", "b", "c"], ["z", "y", "small", "y"], threads=2)
+    rng = np.random.default_rng(11)
+    runs = [[rng.normal(0, 1, shape).astype(np.float32) for shape in [(1, 300, 300), (1, 300, 300), (4, 5)]]
+            for _ in range(2)]
+    first = program(*runs[0])
+    second = program(*runs[1])
+    for (a, b, c), outputs in zip(runs, [first, second]):
+        y = a + b
+        for got, expected in zip(outputs, [y * a, y, c + c, y]):
+            assert same_bits(got, expected) and got.flags.writeable
+    assert [type(o.base.base).__name__ == "OutputBlock" for o in first] == [True, False, False, False]
+    assert not any(np.shares_memory(f, s) for f in first for s in second)
+
+
 def test_a_scan_whose_roles_do_not_fit_its_program_is_refused():
     program = Program([("binary", ["h", "x"], "y", "add")], ["h", "x"], ["y"], threads=1)
     h, xs = np.zeros((1, 3), np.float32), np.zeros((4, 1, 3), np.float32)
