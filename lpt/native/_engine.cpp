@@ -2637,19 +2637,22 @@ bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big)
     return true;
 }
 
-// Whether `join` reads the output of the convolution `layer` and one other tensor (a residual join).
-bool joins_layer(const Instruction &layer, const Instruction &join) {
+// Whether `join` (code[join_at]) reads the output of the convolution `layer` (code[at]) and one other tensor (a
+// residual join). `view`: the slot the join reads the output as, the output itself or an Identity's view of it
+// just before the join (code[at + 1]; PaddleOCR's exports put one there), which only the join reads.
+bool joins_layer(const Program &program, size_t at, const Instruction &layer, int view, const Instruction &join,
+                 size_t join_at) {
     if (layer.code != Code::layer || layer.operation->kind != Kind::conv || join.code != Code::join) return false;
-    return (join.in[0] == layer.out) != (join.in[1] == layer.out);
+    return (join.in[0] == view) != (join.in[1] == view) && (view == layer.out || program.last_use[view] == join_at);
 }
 
 // Whether oneDNN's primitive of the convolution `layer` (code[at]) applies the join after it too, its output
 // never written (Join): where oneDNN stages the layer, nothing after the join reads that output, and the
 // join's values stay normal floats far from overflow (scales within 2^±40), so that its operations give
 // lpt_ops::join's bits; the layer's side dequantized with its own zero point, and an 8-bit destination.
-bool joins_in_primitive(const Program &program, size_t at, const Instruction &layer, const Instruction &join) {
+bool joins_in_primitive(const Program &program, size_t at, const Instruction &layer, int view, const Instruction &join) {
     const Operation &op = *layer.operation;
-    const bool layer_first = join.in[0] == layer.out;
+    const bool layer_first = join.in[0] == view;
     const float shift = layer_first ? join.a_shift : join.b_shift;
     const auto moderate = [](float v) { return std::fabs(v) >= 0x1p-40f && std::fabs(v) <= 0x1p40f; };
     return stages_in_onednn(op, op.stage.dst, true) && program.last_use[layer.out] == at + 1 &&
@@ -2663,10 +2666,10 @@ bool joins_in_primitive(const Program &program, size_t at, const Instruction &la
 // the whole tensor after the layer. The same operations on the same values as step's join, a range of rows
 // at a time. False, with nothing run, where the other operand is not 8-bit in the convolution's output shape
 // and layout: then the two run one after the other.
-bool join_in_bands(Program &program, size_t at, const Instruction &layer, const Instruction &join) {
+bool join_in_bands(Program &program, size_t at, const Instruction &layer, int view, const Instruction &join) {
     std::vector<Slot> &slots = program.slots;
     const Slot &src = slots[layer.in[0]];
-    const bool layer_first = join.in[0] == layer.out;
+    const bool layer_first = join.in[0] == view;
     const Slot &other = slots[join.in[layer_first ? 1 : 0]];
     Operation &op = *layer.operation;
     const size_t rank = op.weight_dims.size() - (op.groups > 1 ? 1 : 0);
@@ -2677,7 +2680,7 @@ bool join_in_bands(Program &program, size_t at, const Instruction &layer, const 
     const bool transposed = dims[1] > 1 && positions > 1;  // as Slot::transposed() will say of the layer's output
     if (other.dims != dims || other.transposed() != transposed) return false;
     Slot &out = slots[join.out], &mid = slots[layer.out];
-    if (joins_in_primitive(program, at, layer, join)) {
+    if (joins_in_primitive(program, at, layer, view, join)) {
         Join fused;
         fused.other = static_cast<const uint8_t *>(other.data);
         fused.other_signed = other.type == 'b';
@@ -4103,16 +4106,17 @@ void run_code(Program &program) {
     auto start = std::chrono::steady_clock::now();
     const std::vector<Instruction> &code = program.code;
     for (size_t i = 0; i < code.size(); ++i) {
-        // a convolution and the residual join or Add after it run as one (join_in_bands, add_in_stage), the Add
-        // reading the layer's output or an Identity's view of it, or a convolution and its max pool (pool_in_stage):
-        // the second's time is the layer's
+        // a convolution and the residual join or Add after it run as one (join_in_bands, add_in_stage), the join or
+        // Add reading the layer's output or an Identity's view of it, or a convolution and its max pool
+        // (pool_in_stage): the second's time is the layer's
         size_t last = i;  // the last instruction this pass runs
-        if (i + 1 < code.size() && joins_layer(code[i], code[i + 1]) && join_in_bands(program, i, code[i], code[i + 1]))
-            last = i + 1;
         const bool through_view = i + 2 < code.size() && code[i + 1].code == Code::identity &&
                                   code[i + 1].in[0] == code[i].out;
         const size_t add_at = i + 1 + through_view;
         const int view = through_view ? code[i + 1].out : code[i].out;
+        if (add_at < code.size() && joins_layer(program, i, code[i], view, code[add_at], add_at) &&
+            join_in_bands(program, i, code[i], view, code[add_at]))
+            last = add_at;
         if (last == i && add_at < code.size() && adds_to_layer(program, i, code[i], view, code[add_at]) &&
             add_in_stage(program, code[i], view, code[add_at]))
             last = add_at;

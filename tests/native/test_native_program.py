@@ -461,9 +461,12 @@ def test_residual_joins_run_natively_with_the_same_bits():
 
 @pytest.mark.parametrize("size", [6, 72], ids=["one-band", "bands"])
 @pytest.mark.parametrize("layer_first", [True, False], ids=["conv+residual", "residual+conv"])
-def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_first):
+@pytest.mark.parametrize("view", [None, "joined", "read elsewhere"])
+def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_first, view):
     """A join reading a convolution's output and an earlier one runs inside the convolution, each band's rows as
-    soon as they are staged (the whole output after a layer of one band): the join's bits, either operand first."""
+    soon as they are staged (the whole output after a layer of one band): the join's bits, either operand first.
+    So too where the join reads the output through an Identity's view of it that nothing else reads (PaddleOCR's
+    exports); a view that is also an output of the program keeps the join an instruction of its own."""
     rng = np.random.default_rng(size)
 
     def conv(in_channels):
@@ -475,16 +478,23 @@ def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_
     first, second = conv(8), conv(32)
     x = rng.integers(0, 256, (2, 8, size, size)).astype(np.uint8)
     join = (False, 128.0, 0.02, 128.0, 0.03, True, (0.04, 0, 0, 255, False))
-    program = Program([("layer", ["x"], "r", first.instruction[1]), ("layer", ["r"], "y", second.instruction[1]),
-                       ("join", ["y", "r"] if layer_first else ["r", "y"], "z", join)], ["x"], ["z"], threads=2)
+    read = "v" if view else "y"
+    instructions = [("layer", ["x"], "r", first.instruction[1]), ("layer", ["r"], "y", second.instruction[1])]
+    instructions += [("identity", ["y"], "v", None)] if view else []
+    instructions += [("join", [read, "r"] if layer_first else ["r", read], "z", join)]
+    program = Program(instructions, ["x"], ["z", "v"] if view == "read elsewhere" else ["z"], threads=2)
     r = first(x)
     y = second(r)
     a, b = (y, r) if layer_first else (r, y)
     expected = join_q(False, a, 128.0, np.float32(0.02), b, 128.0, np.float32(0.03), True, dst_scale=np.float32(0.04),
                       dst_zero_point=np.int32(0), qmin=0, qmax=255)
     assert 0.2 < np.count_nonzero(expected) / expected.size < 0.9
-    assert same_bits(program(x)[0], expected)
-    assert program.seconds()[2] == 0.0  # run with the convolution: its time is the layer's
+    outputs = program(x)
+    assert same_bits(outputs[0], expected)
+    joined = program.seconds()[-1] == 0.0  # run with the convolution: its time is the layer's
+    assert joined == (view != "read elsewhere")
+    if view == "read elsewhere":
+        assert same_bits(outputs[1], y)
 
 
 @settings(max_examples=30, deadline=None)
@@ -493,13 +503,13 @@ def test_a_residual_join_after_a_convolution_is_joined_band_by_band(size, layer_
        other_type=st.sampled_from([(np.uint8, 0), (np.int8, 3)]),
        scales=st.sampled_from([(0.02, 0.03, 0.04), (0.25, 0.5, 1.0)]),  # the second: many ties
        to=st.sampled_from([(0, 0, 255, False), (100, 0, 255, False), (-3, -128, 127, True), (0, -127, 127, True)]),
-       kernel=st.sampled_from([3, 1]))
+       kernel=st.sampled_from([3, 1]), through_a_view=st.booleans())
 def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multiply, relu, layer_first, size, layer_type,
-                                                                    other_type, scales, to, kernel):
+                                                                    other_type, scales, to, kernel, through_a_view):
     """Where oneDNN applies the convolution's output stage, its primitive applies the residual join too (the layer's
     own levels never written; elsewhere lpt joins each band's rows): the bits of lpt's join of the layer's output,
     either operand first, a sum or a product, with or without Relu, into uint8 or int8, one band or two, 3×3
-    convolutions and 1×1 ones (which run as matmuls)."""
+    convolutions and 1×1 ones (which run as matmuls), the output read directly or through an Identity's view."""
     rng = np.random.default_rng(seed)
     pads = (kernel // 2,) * 4
 
@@ -517,8 +527,10 @@ def test_a_join_after_a_convolution_gives_lpts_join_in_either_form(seed, multipl
     shifts = (float(layer_type[1]), layer_scale, float(other_type[1]), other_scale)
     a_shift, a_scale, b_shift, b_scale = shifts if layer_first else shifts[2:] + shifts[:2]
     join = (multiply, a_shift, a_scale, b_shift, b_scale, relu, (to_scale, to_zero_point, qmin, qmax, signed))
-    program = Program([("layer", ["x"], "r", first.instruction[1]), ("layer", ["r"], "y", second.instruction[1]),
-                       ("join", ["y", "r"] if layer_first else ["r", "y"], "z", join)], ["x"], ["z"], threads=2)
+    read = "v" if through_a_view else "y"
+    program = Program([("layer", ["x"], "r", first.instruction[1]), ("layer", ["r"], "y", second.instruction[1])]
+                      + ([("identity", ["y"], "v", None)] if through_a_view else [])
+                      + [("join", [read, "r"] if layer_first else ["r", read], "z", join)], ["x"], ["z"], threads=2)
     r = first(x)
     y = second(r)
     a, b = (y, r) if layer_first else (r, y)
