@@ -1,4 +1,5 @@
-"""conv1d_as_matmul: a Transpose → one-tap Conv → Transpose (tf2onnx's Conv1D) becomes a MatMul in a region's session."""
+"""conv1d_as_matmul: a Transpose → one-tap Conv → Transpose (tf2onnx's Conv1D) becomes a MatMul in a region's
+session."""
 
 import numpy as np
 import onnx
@@ -14,7 +15,8 @@ SWAP = dict(perm=[0, 2, 1])
 
 
 def conv1d_model(nodes, initializers, outputs=("y",), length=30, channels=12):
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, length, channels])],
+    source = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, length, channels])
+    graph = helper.make_graph(nodes, "g", [source],
                               [onnx.ValueInfoProto(name=name) for name in outputs],
                               [numpy_helper.from_array(a, name) for name, a in initializers.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -55,7 +57,8 @@ def test_two_conv1ds_of_one_source_share_it_and_drop_its_transposes():
     nodes = [helper.make_node("Transpose", ["x"], ["t1"], **SWAP), helper.make_node("Transpose", ["x"], ["t2"], **SWAP),
              helper.make_node("Conv", ["t1", "w1"], ["c1"], auto_pad="VALID", dilations=[1], group=1),
              helper.make_node("Conv", ["t2", "w2"], ["c2"], strides=[1], pads=[0, 0]),
-             helper.make_node("Transpose", ["c1"], ["y1"], **SWAP), helper.make_node("Transpose", ["c2"], ["y2"], **SWAP)]
+             helper.make_node("Transpose", ["c1"], ["y1"], **SWAP),
+             helper.make_node("Transpose", ["c2"], ["y2"], **SWAP)]
     before = conv1d_model(nodes, {"w1": weights(7), "w2": weights(3)}, outputs=("y1", "y2"))
     after = conv1d_as_matmul(before)
     assert op_types(after) == ["MatMul", "MatMul"]
@@ -73,7 +76,8 @@ def test_conv1ds_that_are_not_one_products_stay_convs():
         "two groups": (dict(group=2), weights(channels=6)),
     }
     for why, (attributes, w) in cases.items():
-        nodes = [helper.make_node("Transpose", ["x"], ["t"], **SWAP), helper.make_node("Conv", ["t", "w"], ["c"], **attributes),
+        nodes = [helper.make_node("Transpose", ["x"], ["t"], **SWAP),
+                 helper.make_node("Conv", ["t", "w"], ["c"], **attributes),
                  helper.make_node("Transpose", ["c"], ["y"], **SWAP)]
         before = conv1d_model(nodes, {"w": w})
         assert conv1d_as_matmul(before) is before, why

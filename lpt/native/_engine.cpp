@@ -2650,7 +2650,8 @@ bool joins_layer(const Program &program, size_t at, const Instruction &layer, in
 // never written (Join): where oneDNN stages the layer, nothing after the join reads that output, and the
 // join's values stay normal floats far from overflow (scales within 2^±40), so that its operations give
 // lpt_ops::join's bits; the layer's side dequantized with its own zero point, and an 8-bit destination.
-bool joins_in_primitive(const Program &program, size_t at, const Instruction &layer, int view, const Instruction &join) {
+bool joins_in_primitive(const Program &program, size_t at, const Instruction &layer, int view,
+                        const Instruction &join) {
     const Operation &op = *layer.operation;
     const bool layer_first = join.in[0] == view;
     const float shift = layer_first ? join.a_shift : join.b_shift;

@@ -2,11 +2,10 @@
 //
 // One task per output row: the kernel's kh source rows are copied, flipped to u8 where signed and
 // padded with the zero point, into rows of their own (so no bound is tested per position), then for
-// each block of sixteen output channels, eight positions at a time (or four blocks, two positions at a time:
-// four_blocks), each kernel row's words are broadcast and multiplied in, and the output stage follows in
-// registers. The padding holds the zero
-// point, so every output sums all its products of (q − zp)·w: acc = Σ q·w − zp·Σ w, the correction one
-// product per channel.
+// each block of sixteen output channels, eight positions at a time (or four blocks, two positions at a
+// time: four_blocks), each kernel row's words are broadcast and multiplied in, and the output stage
+// follows in registers. The padding holds the zero point, so every output sums all its products of
+// (q − zp)·w: acc = Σ q·w − zp·Σ w, the correction one product per channel.
 
 #include "stem.h"
 
@@ -162,7 +161,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
     for (int v = 0; v < N; ++v) {
         const __m512i first = _mm512_packs_epi32(levels[0][v], levels[1][v]);
         const __m512i second = _mm512_packs_epi32(levels[2][v], levels[3][v]);
-        const __m512i bytes = stage[0].is_signed ? _mm512_packs_epi16(first, second) : _mm512_packus_epi16(first, second);
+        const __m512i bytes =
+                stage[0].is_signed ? _mm512_packs_epi16(first, second) : _mm512_packus_epi16(first, second);
         _mm512_storeu_si512(out + v * channels, _mm512_permutexvar_epi32(order, bytes));
     }
 }
@@ -194,7 +194,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
             __m512i corrections[4];
             for (int j = 0; j < 4; ++j) {
                 const int64_t first = (b + j) * LANES;
-                corrections[j] = _mm512_mullo_epi32(_mm512_set1_epi32(zero_point), _mm512_loadu_si512(w.sums.data() + first));
+                corrections[j] = _mm512_mullo_epi32(_mm512_set1_epi32(zero_point),
+                                                    _mm512_loadu_si512(w.sums.data() + first));
                 stages[j].multiplier = _mm512_loadu_ps(e.multiplier + first);
                 stages[j].bias = e.bias ? _mm512_loadu_ps(e.bias + first) : _mm512_setzero_ps();
                 stages[j].level_multiplier = _mm512_loadu_ps(l.multiplier + first);
