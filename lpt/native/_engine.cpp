@@ -4149,18 +4149,23 @@ PyObject *shape_tuple(const std::vector<int64_t> &dims) {
     return shape;
 }
 
+// (data, shape, format) appended to `results` (cleared on failure, or where `data` is null); takes `data`'s reference.
+void append_entry(PyObject *&results, PyObject *data, const std::vector<int64_t> &dims, char type) {
+    PyObject *shape = data && results ? shape_tuple(dims) : nullptr;
+    PyObject *entry = shape ? Py_BuildValue("(OOC)", data, shape, type) : nullptr;
+    Py_XDECREF(data);
+    Py_XDECREF(shape);
+    if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
+    Py_XDECREF(entry);
+}
+
 // (bytearray, shape, format) of `bytes` bytes from `fill`, appended to `results` (cleared on failure).
 template <typename Fill>
 void append_result(PyObject *&results, const std::vector<int64_t> &dims, char type, Py_ssize_t bytes, Fill fill) {
     if (!results) return;
     PyObject *data = PyByteArray_FromStringAndSize(nullptr, bytes);
-    PyObject *shape = data ? shape_tuple(dims) : nullptr;
-    if (data && shape) fill(PyByteArray_AsString(data));
-    PyObject *entry = data && shape ? Py_BuildValue("(OOC)", data, shape, type) : nullptr;
-    Py_XDECREF(data);
-    Py_XDECREF(shape);
-    if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
-    Py_XDECREF(entry);
+    if (data) fill(PyByteArray_AsString(data));
+    append_entry(results, data, dims, type);
 }
 
 // A program's output handed to Python with the memory its slot computed it in, where a copy into a new
@@ -4285,13 +4290,8 @@ PyObject *py_program_run(PyObject *, PyObject *args) {
     for (size_t i = 0; results && i < outputs.size(); ++i) {
         Slot &slot = program->slots[outputs[i]];
         const bool shared = std::count(outputs.begin(), outputs.end(), outputs[i]) > 1;
-        PyObject *data = output_bytes(*program, slot, (size_t)(slot.count() * slot.item()), shared);
-        PyObject *shape = data ? shape_tuple(slot.dims) : nullptr;
-        PyObject *entry = data && shape ? Py_BuildValue("(OOC)", data, shape, slot.type) : nullptr;
-        Py_XDECREF(data);
-        Py_XDECREF(shape);
-        if (!entry || PyList_Append(results, entry) < 0) Py_CLEAR(results);
-        Py_XDECREF(entry);
+        append_entry(results, output_bytes(*program, slot, (size_t)(slot.count() * slot.item()), shared), slot.dims,
+                     slot.type);
     }
     end_run(*program);
     if (!error.empty())
