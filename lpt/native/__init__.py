@@ -22,6 +22,7 @@ oneDNN, or LPT_ONEDNN=off) lpt says so once, here, and runs as before.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from lpt.native._library import engine, reason
@@ -80,6 +81,22 @@ def workers_held() -> _WorkersHeld:
     """The engine's workers spin between its loops while this lasts (a plan's run), instead of sleeping
     between two of its steps: lpt/native/parallel.cpp's SPIN_YIELDING says why."""
     return _WORKERS_HELD
+
+
+@contextlib.contextmanager
+def workers_let_go():
+    """For as long as the block lasts, one hold on the engine's workers (workers_held: a plan's run) is lifted,
+    so that they sleep after a moment instead of spinning on. An onnxruntime region of two threads runs
+    meanwhile: a worker spinning and yielding its CPU at each look still took part of the core from
+    onnxruntime's second thread."""
+    if engine is None or engine.pool_holds() <= 0:
+        yield
+        return
+    engine.release_pool()
+    try:
+        yield
+    finally:
+        engine.hold_pool()
 
 
 def available() -> bool:

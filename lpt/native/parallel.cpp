@@ -41,7 +41,9 @@ constexpr auto SPIN_IDLE = std::chrono::microseconds(50);
 // every 0.05-0.3 ms: 12.4-13.6 -> 9.8-10.8 ms a run (sets of two rounds alternating, a Xeon with AMX, 2
 // threads); its DynamicQuantizeLinear took 0.13 ms after an onnxruntime region and 0.03 when called again
 // at once. Spinning as long without the yield: 11.9 ms against 13.8-14.0 (onnxruntime's threads waited).
-// The other corpus models moved within their noise.
+// The other corpus models moved within their noise. An onnxruntime region of two threads lifts the hold while
+// it runs (lpt.native.workers_let_go): a worker spinning so still took part of a core from onnxruntime's second
+// thread (dnsmos_sig_bak_ovr's STFT region 1.13-1.16 ms in its plan, 0.78-0.81 so).
 constexpr auto SPIN_YIELDING = std::chrono::microseconds(1000);
 
 struct Job {

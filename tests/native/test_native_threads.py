@@ -102,3 +102,40 @@ def test_a_plan_holds_the_workers_while_it_runs_and_lets_go_after_a_failure(tmp_
     with pytest.raises(LptError, match="not finite"):
         plan.run({"x": np.full(2, np.nan, np.float32)})
     assert seen == [before + 1, before + 1] and engine.pool_holds() == before
+
+
+def test_a_region_of_two_threads_lets_the_workers_go_while_it_runs(monkeypatch):
+    """Inside a plan's hold (workers_held), an onnxruntime region that runs on two threads lifts it for as long as
+    its session runs (its threads take both cores), one of one thread keeps it, and the hold is back after."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from lpt.backend import fallback
+
+    engine = lpt.native._library.engine
+    seen = []
+    session = fallback._session
+
+    class Watched:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, *args):
+            seen.append(engine.pool_holds())
+            return self.inner.run(*args)
+
+    monkeypatch.setattr(fallback, "_session", lambda *a, **k: Watched(session(*a, **k)))
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1024])])
+    nodes = list(ir.serde.deserialize_model(helper.make_model(graph)).graph)
+    x = np.ones((64, 1024), np.float32)
+    before = engine.pool_holds()
+    runners = [fallback.RegionRunner(nodes, {"": 13}, {}, {"y"}, threads=threads) for threads in (2, 1)]
+    assert [r.threads for r in runners] == [2, 1]  # 65 536 values: not a small region
+    for runner in runners:
+        with lpt.native.workers_held():
+            runner(x)
+            assert engine.pool_holds() == before + 1
+    runners[0](x)  # outside a hold: nothing to lift
+    assert seen == [before, before + 1, before] and engine.pool_holds() == before
