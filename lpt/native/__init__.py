@@ -86,9 +86,9 @@ def workers_held() -> _WorkersHeld:
 @contextlib.contextmanager
 def workers_let_go():
     """For as long as the block lasts, one hold on the engine's workers (workers_held: a plan's run) is lifted,
-    so that they sleep after a moment instead of spinning on. An onnxruntime region of two threads runs
-    meanwhile: a worker spinning and yielding its CPU at each look still took part of the core from
-    onnxruntime's second thread."""
+    so that they sleep after a moment instead of spinning on, and leave both cores to an onnxruntime region of
+    two threads that runs meanwhile (held, a worker spins and yields its CPU at each look, and that region ran
+    slower so: lpt/backend/fallback.py's RegionRunner gives the figures)."""
     if engine is None or engine.pool_holds() <= 0:
         yield
         return

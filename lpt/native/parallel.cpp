@@ -42,8 +42,8 @@ constexpr auto SPIN_IDLE = std::chrono::microseconds(50);
 // threads); its DynamicQuantizeLinear took 0.13 ms after an onnxruntime region and 0.03 when called again
 // at once. Spinning as long without the yield: 11.9 ms against 13.8-14.0 (onnxruntime's threads waited).
 // The other corpus models moved within their noise. An onnxruntime region of two threads lifts the hold while
-// it runs (lpt.native.workers_let_go): a worker spinning so still took part of a core from onnxruntime's second
-// thread (dnsmos_sig_bak_ovr's STFT region 1.13-1.16 ms in its plan, 0.78-0.81 so).
+// it runs (lpt.native.workers_let_go): it ran slower with the worker spinning so (dnsmos_sig_bak_ovr's STFT
+// region 1.13-1.16 ms in its plan, 0.78-0.81 let go).
 constexpr auto SPIN_YIELDING = std::chrono::microseconds(1000);
 
 struct Job {
