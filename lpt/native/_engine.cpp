@@ -2637,11 +2637,10 @@ bool repeats(const std::vector<int64_t> &small, const std::vector<int64_t> &big)
     return true;
 }
 
-// Whether `join` (code[join_at]) reads the output of the convolution `layer` (code[at]) and one other tensor (a
-// residual join). `view`: the slot the join reads the output as, the output itself or an Identity's view of it
-// just before the join (code[at + 1]; PaddleOCR's exports put one there), which only the join reads.
-bool joins_layer(const Program &program, size_t at, const Instruction &layer, int view, const Instruction &join,
-                 size_t join_at) {
+// Whether `join` (code[join_at]) reads the output of the convolution `layer` and one other tensor (a residual
+// join). `view`: the slot the join reads the output as, the output itself or an Identity's view of it just before
+// the join (PaddleOCR's exports put one there), which only the join reads.
+bool joins_layer(const Program &program, const Instruction &layer, int view, const Instruction &join, size_t join_at) {
     if (layer.code != Code::layer || layer.operation->kind != Kind::conv || join.code != Code::join) return false;
     return (join.in[0] == view) != (join.in[1] == view) && (view == layer.out || program.last_use[view] == join_at);
 }
@@ -4115,7 +4114,7 @@ void run_code(Program &program) {
                                   code[i + 1].in[0] == code[i].out;
         const size_t add_at = i + 1 + through_view;
         const int view = through_view ? code[i + 1].out : code[i].out;
-        if (add_at < code.size() && joins_layer(program, i, code[i], view, code[add_at], add_at) &&
+        if (add_at < code.size() && joins_layer(program, code[i], view, code[add_at], add_at) &&
             join_in_bands(program, i, code[i], view, code[add_at]))
             last = add_at;
         if (last == i && add_at < code.size() && adds_to_layer(program, i, code[i], view, code[add_at]) &&
