@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from lpt.backend.step import Step
+from lpt.native.operations import Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +32,9 @@ ENGINE = "native program"
 _ON_ITS_OWN = ("quantize", "join", "max_pool", "mean", "dynamic_layer")
 
 
-def fuse(steps: list[Step], plan_outputs: list[str], threads: int) -> list[Step]:
-    """`steps` with each run of native steps replaced by one step; the same steps where the engine is missing."""
+def fuse(steps: list[Step], plan_outputs: list[str], threads: int, constants: dict[str, np.ndarray]) -> list[Step]:
+    """`steps` with each run of native steps replaced by one step; the same steps where the engine is missing.
+    The plan's `constants` a program reads are given to it once, and are not its step's inputs."""
     from lpt import native
     from lpt.native.program import Program
 
@@ -48,12 +52,14 @@ def fuse(steps: list[Step], plan_outputs: list[str], threads: int) -> list[Step]
         # 9 µs a run, a call into the engine for nothing
         if any(part.native[0] != "identity" for part in run) and (len(run) >= 2 or run[0].native[0] in _ON_ITS_OWN):
             made = {name for part in run for name in part.outputs}
-            inputs = list(dict.fromkeys(name for part in run for name in part.inputs if name not in made))
+            reads = list(dict.fromkeys(name for part in run for name in part.inputs if name not in made))
+            inputs = [name for name in reads if name not in constants]
             needed = [name for part in run for name in part.outputs
                       if name in plan_outputs or last_read.get(name, -1) >= first + len(run)]
             instructions = [(part.native[0], list(part.inputs), part.outputs[0], part.native[1]) for part in run]
             try:
-                program = Program(instructions, inputs, needed, threads)
+                program = Program(instructions, inputs, needed, threads,
+                                  {name: constants[name] for name in reads if name in constants})
             except (native.Unsupported, ValueError) as why:
                 logger.info("steps %s..%s stay separate: %s", run[0].nodes[0], run[-1].nodes[-1], why)
                 fused.extend(run)
@@ -74,8 +80,6 @@ class ProgramRun:
         self.program, self.parts, self.native = program, parts, True
 
     def __call__(self, *arrays):
-        from lpt.native import Unsupported
-
         if self.native:
             try:
                 return self.program(*arrays)
@@ -83,7 +87,7 @@ class ProgramRun:
                 logger.info("the native program of %s..%s gives way to its steps: %s", self.parts[0].nodes[0],
                             self.parts[-1].nodes[-1], why)
                 self.native = False
-        env = dict(zip(self.program.inputs, arrays))
+        env = {**self.program.constants, **dict(zip(self.program.inputs, arrays))}
         for part in self.parts:
             env.update(zip(part.outputs, part.run(*[env[name] for name in part.inputs])))
         return [env[name] for name in self.program.outputs]

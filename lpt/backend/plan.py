@@ -65,12 +65,13 @@ class Plan:
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
         """Outputs by name; with `keep`, every intermediate tensor too (for per-layer checks)."""
-        missing = [n for n in self.inputs if n not in feeds]
-        if missing:
-            raise DataError(f"missing input(s) {missing}; the model expects {self.inputs}")
+        try:
+            env = {n: feeds[n] for n in self.inputs}
+        except KeyError:
+            missing = [n for n in self.inputs if n not in feeds]
+            raise DataError(f"missing input(s) {missing}; the model expects {self.inputs}") from None
         # The constants are read where they lie: copying them into `env` each run cost a small
         # model more than its steps (hundreds of initializers).
-        env = {n: feeds[n] for n in self.inputs}
         constants = self.constants
         if keep:
             with workers_held():
@@ -239,7 +240,7 @@ def compile_model(model: ir.Model, threads: int = 0, native: bool = True,
             runner = SpecializedRegion(runner, threads)
         steps.append(Step(runner, tuple(runner.input_names), tuple(runner.output_names),
                           tuple(n.name for n in unit), tuple(n.op_type for n in unit), backend))
-    run_steps = native_program.fuse(steps, outputs, threads) if native and emulate is None else steps
+    run_steps = native_program.fuse(steps, outputs, threads, constants) if native and emulate is None else steps
     run_steps = scans_at_once(run_steps, threads)
     plan = Plan(steps, [v.name for v in graph.inputs if v.name not in constants], outputs, constants, run_steps)
     logger.info("compiled %d steps: %s", len(steps), dict(plan.backend_counts()))

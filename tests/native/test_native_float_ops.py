@@ -648,6 +648,32 @@ def test_an_stfts_convolution_is_a_product_of_its_frames(shape, kernel, stride):
     assert same_bits(y[-1, :, min(1, y.shape[2] - 1)], dense(frame, weights, bias))
 
 
+@pytest.mark.parametrize("axes, perm, also", [
+    ((1,), (0, 1, 3, 2), None), ((), (0, 2, 1), None), ((0, -3), (0, 1, 2, 4, 3), None),
+    ((1,), (0, 1, 3, 2), "read"), ((1,), (0, 1, 3, 2), "output"), ((-1,), (0, 1, 3, 2), None),
+    ((1,), (0, 2, 1, 3), None)],
+    ids=["oww_melspectrogram", "no unsqueeze", "two axes", "dense read elsewhere", "dense an output", "unsqueezed last",
+         "other perm"])
+def test_an_stfts_transpose_of_its_frames_is_the_transposed_convolution(axes, perm, also):
+    """The STFT's frames by its weights transposed back to frames-first (oww_melspectrogram: Unsqueeze, then
+    Transpose (0, 1, 3, 2)), which the engine computes in that order where only the chain reads the
+    convolution: the same values as the convolution transposed, whichever way the engine takes."""
+    rng = np.random.default_rng(5)
+    weights = rng.normal(0, 1, (64, 37)).astype(np.float32)
+    x = rng.normal(0, 1, (2, 1, 400)).astype(np.float32)
+    instructions = [("dense", ["x"], "y", (weights, None, 48))]
+    if axes:
+        instructions.append(("unsqueeze", ["y"], "u", axes))
+    instructions.append(("transpose", ["u" if axes else "y"], "t", perm))
+    if also == "read":
+        instructions.append(("binary", ["y", "y"], "s", "add"))
+    got = Program(instructions, ["x"], {None: ["t"], "read": ["t", "s"], "output": ["t", "y"]}[also], threads=2)(x)
+    convolution = convolution_1d(x, weights.T[:, None, :], 48)
+    assert same_bits(got[0], np.expand_dims(convolution, axes).transpose(perm))
+    if also:
+        assert same_bits(got[1], convolution + convolution if also == "read" else convolution)
+
+
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last"]),
        channels=st.integers(1, 5), kernel=st.integers(1, 4), stride=st.integers(1, 3),
        pads=st.tuples(st.integers(0, 3), st.integers(0, 3)), special=st.booleans())

@@ -341,7 +341,7 @@ def test_large_outputs_are_handed_over_each_run_its_own():
         y = a + b
         for got, expected in zip(outputs, [y * a, y, c + c, y]):
             assert same_bits(got, expected) and got.flags.writeable
-    assert [type(o.base.base).__name__ == "OutputBlock" for o in first] == [True, False, False, False]
+    assert [type(o.base).__name__ == "OutputBlock" for o in first] == [True, False, False, False]
     assert not any(np.shares_memory(f, s) for f in first for s in second)
 
 
@@ -834,3 +834,30 @@ def test_float_ops_that_only_a_native_program_reads_end_the_region_before_them()
     assert [s.op_types for s in plan.steps if s.backend == "onnxruntime"] == [("Sin",)]
     assert [s.native for s in plan.steps if s.op_types in (("Mul",), ("Add",))] == [("binary", "mul"), ("binary", "add")]
     assert_fused_is_kernels(model, plan, {"x": rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)})
+
+
+def test_a_programs_constants_are_given_to_it_once_and_its_steps_read_them_where_it_gives_way():
+    """The plan's constants a native program reads (the spectrogram's decibel factor and range) are the program's
+    own, not its step's inputs; its steps, run one by one once it gave way, read them too and give its bits."""
+    from tests.test_f32_regions import ir_model, spectrogram
+
+    plan = compile_model(ir_model(spectrogram()))
+    [step] = plan.run_steps
+    assert set(step.run.program.constants) == {"decibels", "range"} and step.inputs == ("x",)
+    x = np.random.default_rng(2).normal(0, 1, (2, 100)).astype(np.float32)
+    native = plan.run({"x": x})["y"]
+    step.run.native = False
+    assert same_bits(plan.run({"x": x})["y"], native)
+
+
+def test_constants_given_once_are_the_inputs_they_stand_for_in_calls_and_scans():
+    rng = np.random.default_rng(4)
+    instructions = [("binary", ["h", "x"], "s", "add"), ("binary", ["s", "k"], "h2", "mul")]
+    k = rng.normal(0, 1, (1, 8)).astype(np.float32)
+    given = Program(instructions, ["h", "x"], ["h2"], threads=1, constants={"k": k})
+    each_call = Program(instructions, ["h", "x", "k"], ["h2"], threads=1)
+    h, xs = rng.normal(0, 1, (1, 8)).astype(np.float32), rng.normal(0, 1, (5, 1, 8)).astype(np.float32)
+    assert same_bits(given(h, xs[0])[0], each_call(h, xs[0], k)[0])
+    assert same_bits(given.scan([h, xs], [0, -2], [-1])[0], each_call.scan([h, xs, k], [0, -2, -1], [-1])[0])
+    [[scanned]] = Program.scans([(given, [h, xs], [0, -2], [-1])], threads=1)
+    assert same_bits(scanned, each_call.scan([h, xs, k], [0, -2, -1], [-1])[0])
