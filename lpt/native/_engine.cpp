@@ -2951,6 +2951,113 @@ void concatenate_along(Program &program, const Instruction &ins, Slot &out) {
     });
 }
 
+// A dense instruction's product as lpt_ops::dense takes it: its source channels-first, how its rows lie in it,
+// and its output, whose shape dense_call sets and whose memory it allocates (on the program's thread: the slots'
+// pool is the program's). `framed`: each row is a frame of the source, which run_dense copies first, folded or
+// not, on whichever thread runs it.
+struct DenseCall {
+    const float *in = nullptr;
+    int64_t groups = 1, group_step = 0, rows = 0, row_step = 0, length = 0;
+    bool framed = false;
+    float *out = nullptr;
+};
+
+DenseCall dense_call(const Instruction &ins, const Slot &a, Slot &out, Program &program) {
+    if (a.type != 'f') throw Unsupported("a float32 product of integers");
+    DenseCall call;
+    call.in = static_cast<const float *>(channels_first(a, program));
+    call.row_step = ins.depth;
+    if (ins.stride == 0) {
+        if (a.dims.size() < 2 || a.dims.back() != ins.depth)
+            throw Unsupported("a float32 MatMul whose source does not fit its weights");
+        out.dims = a.dims;
+        out.dims.back() = ins.width;
+        call.rows = a.count() / ins.depth;  // the parser refuses a depth of 0
+    } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0 && !ins.fold_sign) {  // an STFT's frames
+        if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
+            throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
+        call.groups = a.dims[0], call.group_step = a.dims[2], call.rows = (a.dims[2] - ins.depth) / ins.stride + 1;
+        call.row_step = ins.stride;
+        out.dims = {a.dims[0], ins.width, call.rows};
+    } else {  // each frame's kernel of samples of every channel, channel by channel, copied into a row
+        const int64_t kernel = ins.fold_sign ? ins.fold_kernel : ins.depth / ins.frame_channels;
+        if (a.dims.size() != 3 || a.dims[1] != ins.frame_channels || a.dims[2] + ins.pad_begin + ins.pad_end < kernel)
+            throw Unsupported("a convolution's source of other than [N, its channels, at least its kernel]");
+        call.length = a.dims[2];
+        call.groups = a.dims[0], call.rows = (call.length + ins.pad_begin + ins.pad_end - kernel) / ins.stride + 1;
+        call.group_step = call.rows * ins.depth;
+        call.framed = true;
+        out.dims = {a.dims[0], ins.width, call.rows};
+    }
+    if (ins.frames_first) std::swap(out.dims[1], out.dims[2]);
+    call.out = static_cast<float *>(out.allocate('f', out.count()));
+    return call;
+}
+
+void run_dense(const Instruction &ins, const DenseCall &call, int threads) {
+    thread_local Scratch<float> frames;  // a Conv's frames copied into rows
+    const float *in = call.in;
+    if (call.framed) {
+        const int64_t channels = ins.frame_channels, kernel = ins.fold_sign ? ins.fold_kernel : ins.depth / channels;
+        const int64_t groups = call.groups, rows = call.rows, group_step = call.group_step, length = call.length;
+        float *f = frames.get((size_t)(groups * group_step));
+        if (ins.fold_sign) {  // f[0] = x[0], f[n] = x[n] ± x[k − n], f[k / 2] = x[k / 2] (k even)
+            const int64_t half = (kernel - 1) / 2;
+            for (int64_t g = 0; g < groups; ++g)
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float *signal = in + g * length;
+                    const int64_t start = r * ins.stride - ins.pad_begin;
+                    auto x = [&](int64_t j) { return start + j >= 0 && start + j < length ? signal[start + j] : 0.0f; };
+                    float *row = f + g * group_step + r * ins.depth;
+                    row[0] = x(0);
+                    if (ins.fold_sign > 0)
+                        for (int64_t n = 1; n <= half; ++n) row[n] = x(n) + x(kernel - n);
+                    else
+                        for (int64_t n = 1; n <= half; ++n) row[n] = x(n) - x(kernel - n);
+                    if (kernel % 2 == 0) row[kernel / 2] = x(kernel / 2);
+                }
+        } else {
+            for (int64_t g = 0; g < groups; ++g)
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t c = 0; c < channels; ++c) {
+                        const float *signal = in + (g * channels + c) * length;
+                        float *row = f + g * group_step + r * ins.depth + c * kernel;
+                        for (int64_t j = 0, t = r * ins.stride - ins.pad_begin; j < kernel; ++j, ++t)
+                            row[j] = t >= 0 && t < length ? signal[t] : 0.0f;
+                    }
+        }
+        in = f;
+    }
+    lpt_ops::dense(in, call.groups, call.group_step, call.rows, call.row_step, ins.depth, ins.packed.data(), ins.width,
+                   ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0 && !ins.frames_first, call.out, threads);
+    if (frames.bytes() > KEEP_SCRATCH_BYTES) frames.release();  // a long signal's would stay allocated
+}
+
+// Two dense products in a row, the second not reading the first (an STFT's real and imaginary parts), each too
+// small to split between threads (lpt_ops::DENSE_PARALLEL_WORK): one on each thread at once. oww_melspectrogram's
+// two 5 × 257 × 257 products took 4.1-4.6 µs each one after the other. False (nothing done) where they do not
+// qualify; larger ones run one after the other, each on the program's threads.
+bool denses_at_once(Program &program, const Instruction &first, const Instruction &second) {
+    if (program.threads < 2 || first.code != Code::dense || second.code != Code::dense ||
+        std::count(second.in.begin(), second.in.end(), first.out))
+        return false;
+    const Slot &a = program.slots[first.in[0]], &b = program.slots[second.in[0]];
+    if (a.transposed() || b.transposed()) return false;  // channels_first would give both the program's one scratch
+    Slot &x = program.slots[first.out], &y = program.slots[second.out];
+    x.channels_last = y.channels_last = false;
+    const DenseCall calls[2] = {dense_call(first, a, x, program), dense_call(second, b, y, program)};
+    const Instruction *const both[2] = {&first, &second};
+    const auto small = [&](int k) {
+        return calls[k].groups * calls[k].rows * both[k]->depth * both[k]->width < lpt_ops::DENSE_PARALLEL_WORK;
+    };
+    if (small(0) && small(1)) {
+        lpt_parallel::for_each(2, 2, [=](int64_t k) { run_dense(*both[k], calls[k], 1); });
+    } else {
+        for (int k = 0; k < 2; ++k) run_dense(*both[k], calls[k], program.threads);
+    }
+    return true;
+}
+
 void step(Program &program, const Instruction &ins) {
     if (ins.code == Code::folded) return;
     std::vector<Slot> &slots = program.slots;
@@ -3504,67 +3611,9 @@ void step(Program &program, const Instruction &ins) {
             }
             break;
         }
-        case Code::dense: {  // a MatMul [..., m, depth] × [depth, width], or a Conv's frames of [images, 1, length]
-            if (a.type != 'f') throw Unsupported("a float32 product of integers");
-            const float *in = static_cast<const float *>(channels_first(a, program));
-            int64_t groups = 1, group_step = 0, rows, row_step = ins.depth;
-            thread_local Scratch<float> frames;  // a Conv's frames copied into rows
-            if (ins.stride == 0) {
-                if (a.dims.size() < 2 || a.dims.back() != ins.depth)
-                    throw Unsupported("a float32 MatMul whose source does not fit its weights");
-                out.dims = a.dims;
-                out.dims.back() = ins.width;
-                rows = a.count() / ins.depth;  // the parser refuses a depth of 0
-            } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0 && !ins.fold_sign) {  // an STFT's frames
-                if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
-                    throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
-                groups = a.dims[0], group_step = a.dims[2], rows = (a.dims[2] - ins.depth) / ins.stride + 1;
-                row_step = ins.stride;
-                out.dims = {a.dims[0], ins.width, rows};
-            } else {  // each frame's kernel of samples of every channel, channel by channel, copied into a row
-                const int64_t channels = ins.frame_channels, kernel = ins.fold_sign ? ins.fold_kernel : ins.depth / channels;
-                if (a.dims.size() != 3 || a.dims[1] != channels || a.dims[2] + ins.pad_begin + ins.pad_end < kernel)
-                    throw Unsupported("a convolution's source of other than [N, its channels, at least its kernel]");
-                const int64_t length = a.dims[2];
-                groups = a.dims[0], rows = (length + ins.pad_begin + ins.pad_end - kernel) / ins.stride + 1;
-                group_step = rows * ins.depth;
-                float *f = frames.get((size_t)(groups * group_step));
-                if (ins.fold_sign) {  // f[0] = x[0], f[n] = x[n] ± x[k − n], f[k / 2] = x[k / 2] (k even)
-                    const int64_t half = (kernel - 1) / 2;
-                    for (int64_t g = 0; g < groups; ++g)
-                        for (int64_t r = 0; r < rows; ++r) {
-                            const float *signal = in + g * length;
-                            const int64_t start = r * ins.stride - ins.pad_begin;
-                            auto x = [&](int64_t j) { return start + j >= 0 && start + j < length ? signal[start + j] : 0.0f; };
-                            float *row = f + g * group_step + r * ins.depth;
-                            row[0] = x(0);
-                            if (ins.fold_sign > 0)
-                                for (int64_t n = 1; n <= half; ++n) row[n] = x(n) + x(kernel - n);
-                            else
-                                for (int64_t n = 1; n <= half; ++n) row[n] = x(n) - x(kernel - n);
-                            if (kernel % 2 == 0) row[kernel / 2] = x(kernel / 2);
-                        }
-                } else {
-                    for (int64_t g = 0; g < groups; ++g)
-                        for (int64_t r = 0; r < rows; ++r)
-                            for (int64_t c = 0; c < channels; ++c) {
-                                const float *signal = in + (g * channels + c) * length;
-                                float *row = f + g * group_step + r * ins.depth + c * kernel;
-                                for (int64_t j = 0, t = r * ins.stride - ins.pad_begin; j < kernel; ++j, ++t)
-                                    row[j] = t >= 0 && t < length ? signal[t] : 0.0f;
-                            }
-                }
-                in = f;
-                out.dims = {a.dims[0], ins.width, rows};
-            }
-            if (ins.frames_first) std::swap(out.dims[1], out.dims[2]);
-            float *o = static_cast<float *>(out.allocate('f', out.count()));
-            lpt_ops::dense(in, groups, group_step, rows, row_step, ins.depth, ins.packed.data(), ins.width,
-                           ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0 && !ins.frames_first, o,
-                           program.threads);
-            if (frames.bytes() > KEEP_SCRATCH_BYTES) frames.release();  // a long signal's would stay allocated
+        case Code::dense:  // a MatMul [..., m, depth] × [depth, width], or a Conv's frames of [images, 1, length]
+            run_dense(ins, dense_call(ins, a, out, program), program.threads);
             break;
-        }
         case Code::flatten: {
             const int64_t axis = ins.axis < 0 ? ins.axis + (int64_t)a.dims.size() : ins.axis;
             if (axis < 0 || axis > (int64_t)a.dims.size()) throw Unsupported("a flatten axis outside the rank");
@@ -4142,7 +4191,7 @@ void run_code(Program &program) {
     for (size_t i = 0; i < code.size(); ++i) {
         // a convolution and the residual join or Add after it run as one (join_in_bands, add_in_stage), the join or
         // Add reading the layer's output or an Identity's view of it, or a convolution and its max pool
-        // (pool_in_stage): the second's time is the layer's
+        // (pool_in_stage), or two dense products at once (denses_at_once): the second's time is the first's
         size_t last = i;  // the last instruction this pass runs
         const bool through_view = i + 2 < code.size() && code[i + 1].code == Code::identity &&
                                   code[i + 1].in[0] == code[i].out;
@@ -4157,6 +4206,7 @@ void run_code(Program &program) {
         if (last == i && i + 1 < code.size() && pools_layer(program, i, code[i], code[i + 1]) &&
             pool_in_stage(program, code[i], code[i + 1]))
             last = i + 1;
+        if (last == i && i + 1 < code.size() && denses_at_once(program, code[i], code[i + 1])) last = i + 1;
         if (last == i) step(program, code[i]);
         for (size_t k = i; k <= last; ++k)
             for (int slot : code[k].in)  // inputs are the caller's: they hold no memory to release

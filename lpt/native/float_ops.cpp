@@ -29,12 +29,6 @@ bool eight_lanes() { return lanes_allowed.load() && lpt_s16::supported(); }
 namespace {
 
 constexpr int64_t PARALLEL_WORK = 1 << 16;  // values below which a loop runs on one thread
-// Products (rows · k · n) below which a dense product runs on one thread: below about a million the second
-// core cost more than it gained (likely: its units of columns go to whichever thread asks first, so each run
-// fetches weights the other core held at the last run; no counters here to tell). oww_melspectrogram's two
-// STFT products (5 frames by 257 × 257 folded weights each, about 5 µs), in turns in one process (2 threads,
-// a Zen 4): its run 18.4-19.5 µs parallel, 16.7-17.5 on one thread.
-constexpr int64_t DENSE_PARALLEL_WORK = 1 << 20;
 
 // Σ v[0 .. n) in eight lanes, as lpt.kernels.float_ops.sum_in_lanes: lane j adds v[j], v[j + 8], … (zeros
 // past the end), then ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).

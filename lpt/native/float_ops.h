@@ -110,6 +110,12 @@ void moment_layer_norm(const float *x, int64_t images, int64_t channels, int64_t
 // an STFT's convolution, row_step its stride). out[g] is [rows, n], or [n, rows] with `columns_first` (a
 // Conv's channels-first output). The weights as pack_dense_weights lays them out.
 constexpr int64_t DENSE_COLUMNS = 16;  // the columns of a packed block
+// Products (rows · k · n) below which a dense product runs on one thread: below about a million the second
+// core cost more than it gained (likely: its units of columns go to whichever thread asks first, so each run
+// fetches weights the other core held at the last run; no counters here to tell). oww_melspectrogram's two
+// STFT products (5 frames by 257 × 257 folded weights each, about 5 µs), in turns in one process (2 threads,
+// a Zen 4): its run 18.4-19.5 µs parallel, 16.7-17.5 on one thread.
+constexpr int64_t DENSE_PARALLEL_WORK = 1 << 20;
 // w [k, n] (n contiguous) as blocks of 16 columns, each [k, 16], the last padded with zeros.
 std::vector<float> pack_dense_weights(const float *w, int64_t k, int64_t n);
 void dense(const float *a, int64_t groups, int64_t group_step, int64_t rows, int64_t row_step, int64_t k,

@@ -674,6 +674,22 @@ def test_an_stfts_transpose_of_its_frames_is_the_transposed_convolution(axes, pe
         assert same_bits(got[1], convolution + convolution if also == "read" else convolution)
 
 
+@pytest.mark.parametrize("frames, chained", [(5, False), (500, False), (5, True)],
+                         ids=["small: at once", "large: one after the other", "the second reads the first"])
+def test_two_dense_products_in_a_row_give_each_ones_bits(frames, chained):
+    """An STFT's real and imaginary products, one after the other in a program: each too small to split runs on a
+    thread of its own at once (oww_melspectrogram's), larger ones each on both threads; a second that reads the
+    first waits for it. Each gives its own bits, as alone."""
+    rng = np.random.default_rng(6)
+    cosines, sines = (rng.normal(0, 1, (64, 37)).astype(np.float32) for _ in range(2))
+    x = rng.normal(0, 1, (1, 1, 48 * (frames - 1) + 64)).astype(np.float32)
+    second = ("dense", ["real"], "imag", (rng.normal(0, 1, (frames, 5)).astype(np.float32), None, 0)) if chained \
+        else ("dense", ["x"], "imag", (sines, None, 48))
+    real, imag = Program([("dense", ["x"], "real", (cosines, None, 48)), second], ["x"], ["real", "imag"], threads=2)(x)
+    assert same_bits(real, convolution_1d(x, cosines.T[:, None, :], 48))
+    assert same_bits(imag, dense(real, second[3][0]) if chained else convolution_1d(x, sines.T[:, None, :], 48))
+
+
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["channels_first", "channels_last"]),
        channels=st.integers(1, 5), kernel=st.integers(1, 4), stride=st.integers(1, 3),
        pads=st.tuples(st.integers(0, 3), st.integers(0, 3)), special=st.booleans())
