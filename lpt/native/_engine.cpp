@@ -3494,8 +3494,8 @@ void step(Program &program, const Instruction &ins) {
         case Code::extreme_all: {  // every value: [] or [1, …, 1] with keepdims
             if (a.type != 'f') throw Unsupported("a max or min of other than float32 values");
             out.dims.assign(ins.keepdims ? a.dims.size() : 0, 1);
-            lpt_ops::extreme_of_positions(static_cast<const float *>(channels_first(a, program)), 1, a.count(), 1,
-                                          ins.smallest, static_cast<float *>(out.allocate('f', 1)), 1);
+            lpt_ops::extreme_of_all(static_cast<const float *>(channels_first(a, program)), a.count(), ins.smallest,
+                                    static_cast<float *>(out.allocate('f', 1)));
             break;
         }
         case Code::slice: {  // ins.shape: starts, ends, axes and steps, one quarter each, as ONNX's Slice

@@ -91,6 +91,8 @@ void mean_of_rows(const float *x, int64_t rows, int64_t n, float *out, int threa
 // (smaller), or NaN while the running one is not (kernels.extreme_over_middle_axes); no position: ∓inf.
 void extreme_of_positions(const float *x, int64_t images, int64_t positions, int64_t channels, bool smallest,
                           float *out, int threads);
+// The same over one channel of n values into *out, on one thread: extreme_of_positions(x, 1, n, 1, ...)'s bits.
+void extreme_of_all(const float *x, int64_t n, bool smallest, float *out);
 // sqrt of each value (rounded once, as numpy's).
 void square_root(const float *x, int64_t n, float *out, int threads);
 // ONNX LayerNormalization along the last axis of [rows, n]: the mean (the row added in order, / n), d = x − mean,

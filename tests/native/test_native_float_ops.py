@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import lpt.native
@@ -785,6 +785,24 @@ def test_log_is_lpts_on_every_lane_and_the_tail(layout):
     values = np.concatenate([values, np.float32(rng.lognormal(0, 20, 47))])
     [y] = Program([("log", ["x"], "y", None)], ["x"], ["y"], threads=1)(values)
     assert same_bits(y, log(values))
+
+
+@given(values=st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, -7.0, np.inf, -np.inf, 1e-45, -1e-45, "nan",
+                                         "other nan"]), min_size=1, max_size=40),
+       seed=st.integers(0, 2**32 - 1), smallest=st.booleans())
+@example(values=[-0.0] + [-1.0] * 7 + [0.0] + [-1.0] * 7, seed=0, smallest=False)  # a lane's last zero: not the first
+@example(values=[0.0] + [1.0] * 7 + [-0.0] + [1.0] * 7, seed=0, smallest=True)
+@example(values=[1.0] * 8 + ["other nan", 2.0, "nan"], seed=0, smallest=False)
+@settings(max_examples=300, deadline=None)
+def test_the_extreme_of_every_value_is_the_folds_whatever_ties_zeros_and_nans_it_meets(values, seed, smallest):
+    """Equal extremes, −0 against +0 and NaNs of two payloads at any place: the first NaN, else the first of the
+    equal extremes, as the fold of extreme_over_middle_axes keeps them (in lanes where they leave no choice)."""
+    nans = {"nan": np.float32(np.nan), "other nan": np.uint32(0xFFC00001).view(np.float32)}
+    x = np.float32([nans.get(v, v) if isinstance(v, str) else v for v in values])
+    beyond = np.abs(np.random.default_rng(seed).normal(0, 1, int(seed % 50)).astype(np.float32))  # none beyond 0
+    x = np.concatenate([x, beyond if smallest else -beyond])
+    [m] = Program([("extreme_all", ["x"], "m", (False, smallest))], ["x"], ["m"], threads=1)(x.reshape(1, -1))
+    assert same_bits(m, extreme_over_middle_axes(x.reshape(1, -1, 1), False, smallest=smallest).reshape(()))
 
 
 def test_a_clip_by_bounds_made_at_run_time_and_an_extreme_of_every_value():
