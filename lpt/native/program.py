@@ -39,9 +39,6 @@ import numpy as np
 from lpt.native._library import engine
 from lpt.native.operations import Unsupported
 
-_DTYPES = {"f": np.dtype(np.float32), "B": np.dtype(np.uint8), "b": np.dtype(np.int8), "q": np.dtype(np.int64),
-           "i": np.dtype(np.int32)}
-
 
 class Program:
     def __init__(self, instructions, inputs: list[str], outputs: list[str], threads: int,
@@ -66,10 +63,9 @@ class Program:
         """The outputs, in order. Raises Unsupported where an instruction does not take its input."""
         arrays = [np.asarray(a, order="C") for a in arrays]  # ascontiguousarray would make a 0-d array 1-d
         try:
-            results = engine.program_run(self._program, arrays + self._constant_arrays)
+            return engine.program_run(self._program, arrays + self._constant_arrays)
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return _arrays(results)
 
     def scan(self, arrays, roles: list[int], emits: list[int]) -> list[np.ndarray]:
         """An ONNX Scan whose body is this program, in one call. `roles`, one per input: -1 the same
@@ -79,30 +75,24 @@ class Program:
         Unsupported as a call does."""
         arrays = [np.asarray(a, order="C") for a in arrays] + self._constant_arrays
         try:
-            results = engine.program_scan(self._program, arrays, [*roles, *[-1] * len(self._constant_arrays)],
-                                          list(emits))
+            return engine.program_scan(self._program, arrays, [*roles, *[-1] * len(self._constant_arrays)],
+                                       list(emits))
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return _arrays(results)
 
     @staticmethod
     def scans(scans, threads: int) -> list[list[np.ndarray]]:
         """Independent Scans at once, each on one of up to `threads` threads: (program, arrays, roles, emits)
         each, as `scan` takes them, of distinct programs made for one thread. Each one's outputs."""
         try:
-            results = engine.program_scans([(program._program,
-                                             [np.asarray(a, order="C") for a in arrays] + program._constant_arrays,
-                                             [*roles, *[-1] * len(program._constant_arrays)], list(emits))
-                                            for program, arrays, roles, emits in scans], threads)
+            return engine.program_scans([(program._program,
+                                          [np.asarray(a, order="C") for a in arrays] + program._constant_arrays,
+                                          [*roles, *[-1] * len(program._constant_arrays)], list(emits))
+                                         for program, arrays, roles, emits in scans], threads)
         except NotImplementedError as why:
             raise Unsupported(str(why)) from None
-        return [_arrays(outputs) for outputs in results]
 
     def seconds(self) -> list[float]:
         """Each instruction's time in the last run, in order (empty before the first)."""
         return engine.program_seconds(self._program)
 
-
-def _arrays(results) -> list[np.ndarray]:
-    """The engine's (bytes, shape, type) outputs as arrays over those bytes."""
-    return [np.ndarray(shape, _DTYPES[kind], data) for data, shape, kind in results]  # half frombuffer's reshape
