@@ -60,7 +60,7 @@ def fuse(steps: list[Step], plan_outputs: list[str], threads: int, constants: di
             try:
                 program = Program(instructions, inputs, needed, threads,
                                   {name: constants[name] for name in reads if name in constants})
-            except (native.Unsupported, ValueError) as why:
+            except (Unsupported, ValueError) as why:
                 logger.info("steps %s..%s stay separate: %s", run[0].nodes[0], run[-1].nodes[-1], why)
                 fused.extend(run)
             else:

@@ -2213,7 +2213,8 @@ struct Instruction {
     std::vector<float> packed, bias;        // dense: the weights as lpt_ops::pack_dense_weights lays them out; bias or empty
                                             // (dynamic_layer: its float32 bias or empty)
     int64_t depth = 0, width = 0, stride = 0;  // dense: the weights' [depth, width]; a Conv's stride (0: a MatMul)
-    bool frames_first = false;  // dense of a Conv: writes [N, frames, width], not [N, width, frames] (frames_into_transposes)
+    // dense of a Conv: writes [N, frames, width], not [N, width, frames] (frames_into_transposes)
+    bool frames_first = false;
     int64_t frame_channels = 1, pad_begin = 0, pad_end = 0;  // dense of a Conv: its source's channels, its zero pads
     // dense of a Conv of one channel whose weights are even (1) or odd (−1) about their middle: each frame of
     // fold_kernel samples folded as kernels.fold_frames folds it (depth = fold_kernel / 2 + 1); 0: not folded
@@ -2973,8 +2974,8 @@ DenseCall dense_call(const Instruction &ins, const Slot &a, Slot &out, Program &
         out.dims = a.dims;
         out.dims.back() = ins.width;
         call.rows = a.count() / ins.depth;  // the parser refuses a depth of 0
-    } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0 && !ins.fold_sign) {  // an STFT's frames
-        if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)
+    } else if (ins.frame_channels == 1 && ins.pad_begin == 0 && ins.pad_end == 0 && !ins.fold_sign) {
+        if (a.dims.size() != 3 || a.dims[1] != 1 || a.dims[2] < ins.depth)  // an STFT's frames, read where they lie
             throw Unsupported("an STFT's convolution of other than [N, 1, at least its kernel]");
         call.groups = a.dims[0], call.group_step = a.dims[2], call.rows = (a.dims[2] - ins.depth) / ins.stride + 1;
         call.row_step = ins.stride;
@@ -3029,7 +3030,8 @@ void run_dense(const Instruction &ins, const DenseCall &call, int threads) {
         in = f;
     }
     lpt_ops::dense(in, call.groups, call.group_step, call.rows, call.row_step, ins.depth, ins.packed.data(), ins.width,
-                   ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0 && !ins.frames_first, call.out, threads);
+                   ins.bias.empty() ? nullptr : ins.bias.data(), ins.stride > 0 && !ins.frames_first, call.out,
+                   threads);
     if (frames.bytes() > KEEP_SCRATCH_BYTES) frames.release();  // a long signal's would stay allocated
 }
 
@@ -3752,7 +3754,8 @@ void frames_into_transposes(Program &program) {
         if (next && next->code == Code::unsqueeze) {  // its axes must leave the last two where they are
             rank += (int64_t)next->shape.size();
             bool before_last_two = true;
-            for (int64_t axis : next->shape) before_last_two = before_last_two && (axis < 0 ? axis + rank : axis) < rank - 2;
+            for (int64_t axis : next->shape)
+                before_last_two = before_last_two && (axis < 0 ? axis + rank : axis) < rank - 2;
             transpose = before_last_two ? only_reader(next->out) : nullptr;
         }
         if (!transpose || transpose->code != Code::transpose || (int64_t)transpose->shape.size() != rank) continue;
@@ -4111,7 +4114,8 @@ PyObject *py_program(PyObject *, PyObject *args) {
 
 const char PROGRAM_RUN_DOC[] =
     "program_run(program, arrays) -> [ndarray]\n\n"
-    "Each output over a bytearray, or over the memory the program computed it in (an object with the buffer protocol).\n"
+    "Each output an ndarray over a bytearray, or over the memory the program computed it in (an object with\n"
+    "the buffer protocol).\n"
     "arrays: the program's inputs, C-contiguous float32/uint8/int8. Raises NotImplementedError where an\n"
     "instruction does not take what it meets (lpt runs the steps one by one then).";
 
