@@ -94,16 +94,17 @@ def test_the_output_stage_equals_the_reference(case, stage, channels_last, one_m
     assert got.dtype == expected.dtype and np.array_equal(np.ascontiguousarray(got).view(np.uint8),
                                                           np.ascontiguousarray(expected).view(np.uint8))
     if runs_here():
-        own = stage["own"] and not over_phases(src.shape[1], weights.shape, window)
+        own = stage["own"] and not over_phases(src.shape, weights.shape, window)
         assert (lpt.native.engine.implementation(conv._operation) == STEM) == own
 
 
-def over_phases(channels, weights_shape, window) -> bool:
+def over_phases(source_shape, weights_shape, window) -> bool:
     """Whether the engine runs the layer as a convolution over phases of its source instead (prepare_polyphase:
-    one channel, a window of 16 taps or more along the last axis only, few output channels)."""
+    one channel, a window of 16 taps or more along the last axis only, few output channels; run_polyphase: a
+    source of one row)."""
     out_channels, _, kernel_h, kernel_w = weights_shape
-    return (channels == 1 and out_channels <= 8 and kernel_h == 1 and kernel_w >= 16 and window["strides"][0] == 1
-            and window["pads"][0] == window["pads"][2] == 0)
+    return (source_shape[1] == 1 and source_shape[2] == 1 and out_channels <= 8 and kernel_h == 1 and kernel_w >= 16
+            and window["strides"][0] == 1 and window["pads"][0] == window["pads"][2] == 0)
 
 
 def test_a_spectrogram_stem_over_many_rows_on_two_threads():
