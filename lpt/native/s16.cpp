@@ -1779,9 +1779,38 @@ PackedWeights pack_depthwise_weights(const int8_t *weights, const Geometry &g) {
 
 namespace {
 
+// Rows of fewer channels than a register's sixteen lanes, one right after the other, as rows of sixteen values,
+// each lane's per-channel constants its channel's; returns how many of the rows it staged (0 where they do not
+// fit). A head of few outputs took a register a row: PaddleOCR's detector's last upsampling gives four values a
+// pixel, whose Sigmoid stage used a fourth of each register (then half: an eight-lane half). Each value goes
+// through the same operations with the same constants, so its bits are the same.
+template <typename T>
+int64_t stage_packed_rows(const Epilogue &e, const int32_t *acc, int64_t rows, int64_t channels, T *out) {
+    if (channels >= LANES || LANES % channels || rows * channels < LANES || e.addend) return 0;
+    alignas(64) float constants[5][LANES];
+    const auto tiled = [&](const float *values, float *into) -> const float * {
+        if (!values) return nullptr;
+        for (int64_t i = 0; i < LANES; ++i) into[i] = values[i % channels];
+        return into;
+    };
+    Epilogue packed = e;
+    packed.multiplier = tiled(e.multiplier, constants[0]);
+    packed.bias = tiled(e.bias, constants[1]);
+    packed.levels.multiplier = tiled(e.levels.multiplier, constants[2]);
+    packed.levels.bias = tiled(e.levels.bias, constants[3]);
+    packed.levels.lane_bound = tiled(e.levels.lane_bound, constants[4]);
+    const int64_t registers = rows * channels / LANES;
+    stage(packed, acc, LANES, registers, 0, LANES, out, LANES);
+    return registers * LANES / channels;
+}
+
 template <typename T>
 void stage_rows_typed(const Epilogue &e, const int32_t *hi, const int32_t *lo, int64_t rows, int64_t first_channel,
                       int64_t channels, int64_t acc_stride, T *out, int64_t out_stride) {
+    if (!lo && first_channel == 0 && acc_stride == channels && out_stride == channels) {
+        const int64_t staged = stage_packed_rows(e, hi, rows, channels, out);
+        hi += staged * channels, out += staged * channels, rows -= staged;
+    }
     alignas(32) int32_t acc[LANES];
     for (int64_t c0 = 0; c0 < channels; c0 += LANES) {
         const int64_t valid = std::min(LANES, channels - c0);

@@ -89,6 +89,39 @@ def test_output_stage_equals_lpts_numpy_output_stage(route, case, per_column, bi
     assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("columns", [1, 2, 4, 8])
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 300), narrow=st.booleans(),
+       destination=st.sampled_from([(None, 0, None), (0.03, 7, np.uint8), (0.5, -3, np.int8)]),
+       post_ops=st.sampled_from([(), (Relu(),), (Clip(-0.5, 0.7),), (Sigmoid(),), (GELU,), (LeakyRelu(0.2),)]))
+@settings(max_examples=12, deadline=None)
+def test_a_head_of_few_columns_stages_its_rows_sixteen_values_at_a_time(route, columns, seed, rows, narrow,
+                                                                        destination, post_ops):
+    """Rows of 1, 2, 4 or 8 channels one after the other are staged as rows of sixteen values, each lane with its
+    channel's multiplier and bias (PaddleOCR's detector's last upsampling: four a pixel and a Sigmoid), the rows
+    past the last whole register one by one: every value the reference's. Multipliers and biases differ from
+    channel to channel, and `narrow` ones leave each level one margin (the fused stage's)."""
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(-128, 128, (24, columns)).astype(np.int8)
+    src = rng.integers(0, 256, (rows, 24)).astype(np.uint8)
+    dst_scale, dst_zero_point, dst_dtype = destination
+    multiplier = rng.uniform(1e-4, 1e-2, columns).astype(np.float32)
+    if narrow and dst_scale is not None:  # each channel's largest accumulator at 50-200 levels
+        largest = 255.0 * np.abs(weights.astype(np.float64)).sum(axis=0)
+        multiplier = (rng.uniform(50, 200, columns) * dst_scale / np.maximum(largest, 1)).astype(np.float32)
+    bias = rng.normal(0, 1, columns).astype(np.float32)
+    matmul = lpt.native.MatMul(weights, src_zero_point=100, multiplier=multiplier, bias=bias, post_ops=post_ops,
+                               dst_scale=dst_scale, dst_zero_point=dst_zero_point, dst_dtype=dst_dtype, route=route,
+                               threads=2)
+    info = np.iinfo(dst_dtype) if dst_dtype else np.iinfo(np.uint8)
+    expected = output_stage(matmul_reference(src, 100, weights, 0).astype(np.int32), multiplier, bias, post_ops,
+                            None if dst_scale is None else np.float32(dst_scale), np.int32(dst_zero_point),
+                            int(info.min), int(info.max), axis=-1)
+    got = matmul(src)
+    assert got.dtype == expected.dtype
+    assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+
+
 @pytest.mark.parametrize("route", sorted(set(lpt.native.exact_routes()) - {"s16"}))  # oneDNN's: s16 has no bands
 @pytest.mark.parametrize("rows", [2, 3, 7])
 def test_rows_in_bands_sum_what_one_primitive_does(route, rows):
