@@ -3627,6 +3627,17 @@ void step(Program &program, const Instruction &ins) {
     }
 }
 
+// How many times each slot is read: by each instruction (but a folded one, whose reads are the chain's that took
+// it, where `skip_folded`), and once more where it is a program output (its caller reads it).
+std::vector<int> slot_reads(const Program &program, bool skip_folded) {
+    std::vector<int> reads(program.slots.size(), 0);
+    for (const Instruction &ins : program.code)
+        if (!skip_folded || ins.code != Code::folded)
+            for (int slot : ins.in) ++reads[slot];
+    for (int slot : program.outputs) ++reads[slot];
+    return reads;
+}
+
 // A binary op whose float32 result only the quantize right after it reads writes that quantize's 8-bit output
 // itself, and the quantize does nothing (Code::folded): the float32 tensor between them is never written
 // nor read again. PaddleOCR's detector has ten: residual and pyramid Adds' sums, quantized for the next layer.
@@ -3637,12 +3648,9 @@ void step(Program &program, const Instruction &ins) {
 // 9.8 MB tensors (0.59, 0.66 and 0.55 ms on a Xeon with AMX, 2 threads, memory-bound), one pass of 1.12 ms so.
 void fold_binaries(Program &program) {
     std::vector<Instruction> &code = program.code;
-    std::vector<int> reads(program.slots.size(), 0), producer(program.slots.size(), -1);
-    for (size_t i = 0; i < code.size(); ++i) {
-        for (int slot : code[i].in) ++reads[slot];
-        producer[code[i].out] = (int)i;
-    }
-    for (int slot : program.outputs) ++reads[slot];
+    const std::vector<int> reads = slot_reads(program, false);
+    std::vector<int> producer(program.slots.size(), -1);
+    for (size_t i = 0; i < code.size(); ++i) producer[code[i].out] = (int)i;
     for (Instruction &reader : code) {
         if (reader.code != Code::binary) continue;
         for (int side = 0; side < 2; ++side) {
@@ -3680,13 +3688,9 @@ void fold_binaries(Program &program) {
 // Xeon with AMX (2 threads), which wrote 9.8 MB that the chain then read.
 void fold_upsamplings(Program &program) {
     std::vector<Instruction> &code = program.code;
-    std::vector<int> reads(program.slots.size(), 0), producer(program.slots.size(), -1);
-    for (size_t i = 0; i < code.size(); ++i) {
-        if (code[i].code != Code::folded)  // its reads are the chain's that took it
-            for (int slot : code[i].in) ++reads[slot];
-        producer[code[i].out] = (int)i;
-    }
-    for (int slot : program.outputs) ++reads[slot];
+    const std::vector<int> reads = slot_reads(program, true);
+    std::vector<int> producer(program.slots.size(), -1);
+    for (size_t i = 0; i < code.size(); ++i) producer[code[i].out] = (int)i;
     for (Instruction &reader : code) {
         if (reader.code != Code::chain) continue;
         for (size_t k = 0; k < reader.chain.size(); ++k) {
@@ -3707,10 +3711,7 @@ void fold_upsamplings(Program &program) {
 }
 
 void fold_quantizes(Program &program) {
-    std::vector<int> reads(program.slots.size(), 0);
-    for (const Instruction &ins : program.code)
-        for (int slot : ins.in) ++reads[slot];
-    for (int slot : program.outputs) ++reads[slot];
+    const std::vector<int> reads = slot_reads(program, false);
     for (size_t i = 0; i + 1 < program.code.size(); ++i) {
         Instruction &op = program.code[i], &quantize = program.code[i + 1];
         if ((op.code != Code::binary && op.code != Code::chain) || quantize.code != Code::quantize ||
@@ -3742,11 +3743,11 @@ void mark_transposes_into_convolutions(Program &program) {
 // its own order and the transpose becomes a view (oww_melspectrogram: its two 5 × 257 STFTs' transposes took
 // 0.5 µs each of a 15 µs run).
 void frames_into_transposes(Program &program) {
-    std::vector<int> readers(program.slots.size(), 0), reader(program.slots.size(), -1);
+    const std::vector<int> reads = slot_reads(program, false);
+    std::vector<int> reader(program.slots.size(), -1);
     for (size_t i = 0; i < program.code.size(); ++i)
-        for (int slot : program.code[i].in) ++readers[slot], reader[slot] = (int)i;
-    for (int slot : program.outputs) readers[slot] += 2;  // the caller reads it too
-    const auto only_reader = [&](int slot) { return readers[slot] == 1 ? &program.code[reader[slot]] : nullptr; };
+        for (int slot : program.code[i].in) reader[slot] = (int)i;
+    const auto only_reader = [&](int slot) { return reads[slot] == 1 ? &program.code[reader[slot]] : nullptr; };
     for (Instruction &dense : program.code) {
         if (dense.code != Code::dense || dense.stride == 0) continue;
         Instruction *next = only_reader(dense.out), *transpose = next;
@@ -4236,26 +4237,24 @@ PyObject *shape_tuple(const std::vector<int64_t> &dims) {
     return shape;
 }
 
-// numpy.ndarray, and the dtype of a slot's type ('f', 'B', 'b', 'q', 'i': numpy's own codes for them), looked up
-// once (references kept for the process's life); null with a Python error set where numpy fails to give them.
+// numpy, numpy.ndarray, and the dtype of a slot's type ('f', 'B', 'b', 'q', 'i': numpy's own codes for them),
+// each looked up once (references kept for the process's life); null with a Python error set where numpy fails.
+PyObject *numpy_module() {
+    static PyObject *numpy = nullptr;
+    if (!numpy) numpy = PyImport_ImportModule("numpy");
+    return numpy;
+}
+
 PyObject *ndarray_type() {
     static PyObject *ndarray = nullptr;
-    if (!ndarray) {
-        PyObject *numpy = PyImport_ImportModule("numpy");
-        ndarray = numpy ? PyObject_GetAttrString(numpy, "ndarray") : nullptr;
-        Py_XDECREF(numpy);
-    }
+    if (!ndarray && numpy_module()) ndarray = PyObject_GetAttrString(numpy_module(), "ndarray");
     return ndarray;
 }
 
 PyObject *dtype_of(char type) {
     static PyObject *dtypes[128] = {};
     PyObject *&dtype = dtypes[(unsigned char)type & 127];
-    if (!dtype) {
-        PyObject *numpy = PyImport_ImportModule("numpy");
-        dtype = numpy ? PyObject_CallMethod(numpy, "dtype", "C", type) : nullptr;
-        Py_XDECREF(numpy);
-    }
+    if (!dtype && numpy_module()) dtype = PyObject_CallMethod(numpy_module(), "dtype", "C", type);
     return dtype;
 }
 
