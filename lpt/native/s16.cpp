@@ -1286,43 +1286,50 @@ bool pad_bytes(const uint8_t *src, bool signed_src, bool channels_last, int zero
 namespace {
 
 // A tile of T positions × 16 output channels from the bytes (ByteWeights says why each step is exact), into
-// out [T][LANES]: Σ r·w over the window's quads, less (zp − t)·Σ w (`compensation`).
-template <int T>
+// out [T][LANES]: Σ r·w over the window's quads, less (zp − t)·Σ w (`compensation`). With HALVES 1, the first 8
+// channels only (a last block of at most 8 valid, as the int16 kernel's half tiles), lanes 8-15 of out left as
+// they were.
+template <int T, int HALVES>
 __attribute__((target("avx2"))) void byte_tile(const uint8_t *const *positions, const int8_t *weights, int64_t rows,
                                                int64_t row_stride, int64_t quads, const int32_t *compensation,
                                                int32_t *out) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[T][2];
-    for (int j = 0; j < T; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_si256();
+    __m256i acc[T][HALVES];
+    for (int j = 0; j < T; ++j)
+        for (int k = 0; k < HALVES; ++k) acc[j][k] = _mm256_setzero_si256();
     const int8_t *w = weights;
     for (int64_t row = 0; row < rows; ++row) {
         const uint8_t *src[T];
         for (int j = 0; j < T; ++j) src[j] = positions[j] + row * row_stride;
         for (int64_t q = 0; q < quads; ++q, w += 4 * LANES) {
-            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w));
-            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + 32));
+            __m256i wk[HALVES];
+            for (int k = 0; k < HALVES; ++k) wk[k] = _mm256_load_si256(reinterpret_cast<const __m256i *>(w + 32 * k));
             for (int j = 0; j < T; ++j) {
                 int32_t quad;
                 std::memcpy(&quad, src[j] + 4 * q, sizeof quad);
                 const __m256i s = _mm256_set1_epi32(quad);
-                acc[j][0] = _mm256_add_epi32(acc[j][0], _mm256_madd_epi16(_mm256_maddubs_epi16(s, w0), ones));
-                acc[j][1] = _mm256_add_epi32(acc[j][1], _mm256_madd_epi16(_mm256_maddubs_epi16(s, w1), ones));
+                for (int k = 0; k < HALVES; ++k)
+                    acc[j][k] = _mm256_add_epi32(acc[j][k], _mm256_madd_epi16(_mm256_maddubs_epi16(s, wk[k]), ones));
             }
         }
     }
     for (int j = 0; j < T; ++j)
-        for (int k = 0; k < 2; ++k)
+        for (int k = 0; k < HALVES; ++k)
             _mm256_store_si256(reinterpret_cast<__m256i *>(out + j * LANES + 8 * k),
                                _mm256_sub_epi32(acc[j][k], _mm256_load_si256(reinterpret_cast<const __m256i *>(compensation + 8 * k))));
 }
 
 // Five positions, not TILE: with six, the twelve accumulators, the two weights, the vector of ones, a source and
-// a product need 17 registers, and gcc kept an accumulator on the stack.
-constexpr int BYTE_TILE = 5;
+// a product need 17 registers, and gcc kept an accumulator on the stack. Half tiles take twice the positions
+// (10 accumulators of 16 ymm), so that a layer of 24 channels computes no products for its 8 lanes no one reads.
+constexpr int BYTE_TILE = 5, BYTE_HALF_TILE = 10;
 using ByteTileFunction = void (*)(const uint8_t *const *, const int8_t *, int64_t, int64_t, int64_t, const int32_t *,
                                   int32_t *);
-constexpr ByteTileFunction BYTE_TILES[BYTE_TILE + 1] = {nullptr, byte_tile<1>, byte_tile<2>, byte_tile<3>, byte_tile<4>,
-                                                        byte_tile<5>};
+constexpr ByteTileFunction BYTE_TILES[BYTE_TILE + 1] = {nullptr, byte_tile<1, 2>, byte_tile<2, 2>, byte_tile<3, 2>,
+                                                        byte_tile<4, 2>, byte_tile<5, 2>};
+constexpr ByteTileFunction BYTE_HALF_TILES[BYTE_HALF_TILE + 1] = {
+    nullptr, byte_tile<1, 1>, byte_tile<2, 1>, byte_tile<3, 1>, byte_tile<4, 1>, byte_tile<5, 1>,
+    byte_tile<6, 1>, byte_tile<7, 1>, byte_tile<8, 1>, byte_tile<9, 1>, byte_tile<10, 1>};
 
 // Each value outside the window times its weights, added to the accumulators acc [count][LANES] of the output
 // positions [first, first + count) of image n (one output row's, or whole rows') in block `block`: the values
@@ -1363,6 +1370,7 @@ void each_byte_tile(const uint8_t *padded, const Outside &outside, const ByteWei
     const int64_t c = g.in_channels, wp = w + g.pad_left + g.pad_right, hp = h + g.pad_top + g.pad_bottom;
     const int64_t out_w = g.out_w(w), positions = g.out_h(h) * out_w;
     constexpr int64_t RUN = 10 * BYTE_TILE;
+    static_assert(RUN % BYTE_HALF_TILE == 0, "a run is whole tiles of either kind");
     const int64_t blocks = (g.out_channels + LANES - 1) / LANES, runs = (positions + RUN - 1) / RUN;
     const int64_t quads = g.kernel_w * c / 4, block_size = g.kernel_h * quads * 4 * LANES;
     const int64_t row_stride = g.dilation_h * wp * c;
@@ -1375,14 +1383,16 @@ void each_byte_tile(const uint8_t *padded, const Outside &outside, const ByteWei
         for (int64_t k = 0; k < LANES; ++k) compensation[k] = zp_in_window * b.sums[block * LANES + k];
         alignas(32) int32_t acc[RUN * LANES];
         int64_t oy = first / out_w, ox = first % out_w;
-        for (int64_t t = 0; t < count; t += BYTE_TILE) {
-            const int64_t in_tile = std::min<int64_t>(BYTE_TILE, count - t);
-            const uint8_t *starts[BYTE_TILE];
+        const bool half = valid <= LANES / 2;
+        const int64_t size = half ? BYTE_HALF_TILE : BYTE_TILE;
+        for (int64_t t = 0; t < count; t += size) {
+            const int64_t in_tile = std::min<int64_t>(size, count - t);
+            const uint8_t *starts[BYTE_HALF_TILE];
             for (int64_t j = 0; j < in_tile; ++j) {
                 starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c;
                 if (++ox == out_w) ox = 0, ++oy;
             }
-            BYTE_TILES[in_tile](starts, b.packed.data() + block * block_size, g.kernel_h, row_stride, quads,
+            (half ? BYTE_HALF_TILES : BYTE_TILES)[in_tile](starts, b.packed.data() + block * block_size, g.kernel_h, row_stride, quads,
                                 compensation, acc + t * LANES);
         }
         add_outside(outside, b, g, n, hp, out_w, first, count, block, acc);

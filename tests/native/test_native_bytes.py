@@ -174,3 +174,23 @@ def test_a_row_with_too_many_values_outside_the_window_runs_the_int16_kernel():
     src[0, :, 5, 1], src[0, 16:, 5, 0] = 20, 20  # 16 of them, within the row's room
     assert np.array_equal(conv.accumulate(src), conv_reference(src, weights, 10))
     assert conv.implementation == BYTES
+
+
+@pytest.mark.parametrize("out_channels", [1, 4, 8, 24, 40])
+def test_eight_channels_or_fewer_take_the_bytes_in_half_tiles(out_channels):
+    """A layer of at most 8 output channels, or whose last block of 16 has at most 8 valid, computes them in half
+    tiles (ten positions × 8 channels): by default on the bytes like any other, over 63 positions (six whole tiles
+    and a part of one), its accumulators and its output stage the reference's."""
+    rng = np.random.default_rng(out_channels)
+    weights = weights_of("trained", rng, (out_channels, 16, 3, 3))
+    src = windowed_source(rng, (1, 16, 7, 9), 100, outliers=3)
+    stage = dict(multiplier=rng.uniform(1e-4, 1e-3, out_channels).astype(np.float32),
+                 bias=rng.normal(0, 1, out_channels).astype(np.float32), post_ops=(Relu(),),
+                 dst_scale=np.float32(0.05), dst_zero_point=np.int32(4))
+    with bytes_kernel(None):
+        conv = lpt.native.Conv(weights, src_zero_point=100, pads=(1, 1, 1, 1), route="s16", threads=2,
+                               dst_dtype=np.uint8, **stage)
+    expected = conv_reference(src, weights, 100, pads=(1, 1, 1, 1))
+    assert np.array_equal(conv.accumulate(src), expected)
+    assert conv.implementation == BYTES
+    assert np.array_equal(conv(src), output_stage(expected.astype(np.int32), qmin=0, qmax=255, **stage))
