@@ -46,7 +46,8 @@ else:
     # rpath finds it from a regular install (<prefix>/lib/python3.X/site-packages/lpt/native/).
     extensions.append(Extension(
         "lpt.native._engine", ["lpt/native/_engine.cpp", "lpt/native/s16.cpp", "lpt/native/integer_ops.cpp",
-         "lpt/native/float_ops.cpp", "lpt/native/parallel.cpp", "lpt/native/stem.cpp", "lpt/native/few_rows.cpp"],
+         "lpt/native/float_ops.cpp", "lpt/native/parallel.cpp", "lpt/native/stem.cpp", "lpt/native/few_rows.cpp",
+         "lpt/native/depthwise.cpp"],
         language="c++", optional=True,
         include_dirs=[str(prefix / "include")], library_dirs=[str(prefix / "lib")], libraries=[":libdnnl.so.3"],
         extra_compile_args=flags + ["-std=c++17", "-fopenmp", "-fvisibility=hidden"],

@@ -46,6 +46,7 @@
 #include "float_ops.h"
 #include "integer_ops.h"
 #include "s16.h"
+#include "depthwise.h"
 #include "stem.h"
 #include "few_rows.h"
 #include "exp.h"
@@ -387,6 +388,7 @@ struct Operation {
     bool bytes_always = false;      // whatever the source (LPT_S16_BYTES=1)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
+    lpt_dw::Weights dw;      // route u8s8, where lpt_dw's kernel runs the depthwise convolution (prepare_depthwise)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
     std::vector<float> padded_multiplier, padded_bias;
     std::vector<float> level_constants;  // the epilogue's Levels (lpt_s16::prepare_clipped_levels)
@@ -1275,6 +1277,24 @@ void prepare_stem(Operation &op) {
     op.stem = lpt_stem::pack(op.weights.data(), g);
 }
 
+// On route u8s8, a depthwise convolution of DEPTHWISE_TAPS taps or more runs on lpt_dw's kernel where this CPU has it
+// (depthwise.h says why): its geometry and weights. LPT_DEPTHWISE=1 takes the kernel for any it fits, 0 for none
+// (so that tests run it on small kernels too, and oneDNN's on large ones). Below 25 taps oneDNN's jit_int8 is as
+// fast or faster: a 3×3 of 48 channels over 160×160 took 0.13-0.17 ms there, 0.20-0.27 on the kernel, whose
+// quads cost as much as its products then; a 5×5 of 96 over 80×80 0.15 against 0.13, a 7×7 of 96 over 160×160
+// 0.97 against 0.70, over 40×40 0.072 against 0.045 (Zen 4, 2 threads).
+constexpr int64_t DEPTHWISE_TAPS = 25;
+
+void prepare_depthwise(Operation &op) {
+    if (op.route != Route::u8s8 || !op.depthwise || op.kernel_shape.size() > 4 || !lpt_dw::supported()) return;
+    const lpt_s16::Geometry g = conv_geometry(op);
+    const char *choice = std::getenv("LPT_DEPTHWISE");
+    const std::string c = choice ? choice : "";
+    if (c == "0" || !lpt_dw::fits(g) || (c != "1" && g.kernel_h * g.kernel_w < DEPTHWISE_TAPS)) return;
+    op.geometry = g;
+    op.dw = lpt_dw::pack(op.weights.data(), g);
+}
+
 // A matmul's weights as lpt_few_rows's kernel reads them, on route u8s8 where the CPU runs it: sources of at
 // most MAX_ROWS rows go there instead of oneDNN (execute).
 void prepare_few_rows(Operation &op) {
@@ -1439,6 +1459,7 @@ PyObject *py_conv(PyObject *, PyObject *args) {
             prepare_s16(*op);
         }
         prepare_stem(*op);
+        prepare_depthwise(*op);
         prepare_polyphase(*op);
     } catch (const std::exception &e) {
         return fail(e);
@@ -1683,6 +1704,24 @@ void run_stem(Operation &op, const uint8_t *src, const memory::dims &dims, bool 
     op.last_impl = "lpt:stem_avx512_vnni";
 }
 
+// Route u8s8, a depthwise convolution prepare_depthwise took: lpt_dw's kernel and the output stage, into a
+// channels-last output.
+void run_depthwise(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
+                   int src_zero_point, Dst dst, void *out, size_t out_bytes) {
+    const lpt_s16::Geometry &g = op.geometry;
+    const int64_t images = dims[0], h = dims.size() == 4 ? dims[2] : 1, w = dims.back();
+    if (out_bytes != (size_t)(images * g.out_h(h) * g.out_w(w) * op.out_channels) * item_size(dst))
+        throw std::invalid_argument("out does not have the output's size");
+    if (!channels_last && g.in_channels > 1 && h * w > 1) {  // the kernel reads each pixel's channels
+        thread_local Scratch<uint8_t> scratch;
+        uint8_t *moved = scratch.get((size_t)(images * g.in_channels * h * w));
+        to_channels_last(src, moved, images, g.in_channels, h * w, 0, op.threads);
+        src = moved;
+    }
+    lpt_dw::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.dw, op.epilogue, out, op.threads);
+    op.last_impl = "lpt:depthwise_avx512_vnni";
+}
+
 // x[r][c] = (f32(q[r][first + c]) − shift)·scale for `rows` rows of columns [first, first + width) of `channels`:
 // a join's other operand as its primitive reads it, with lpt_ops::join's operations.
 __attribute__((target_clones("avx2", "default"))) void dequantize_columns(const uint8_t *q, bool is_signed, int64_t rows,
@@ -1736,6 +1775,11 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     }
     if (!op.stem.words.empty() && dst != Dst::s32 && dst == op.stage.dst && channels_last_out && !join) {
         run_stem(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
+        if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
+        return;
+    }
+    if (!op.dw.words.empty() && dst != Dst::s32 && dst == op.stage.dst && channels_last_out && !join) {
+        run_depthwise(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }

@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "levels512.h"
 #include "parallel.h"
+#include "stage512.h"
 
 namespace lpt_stem {
 namespace {
@@ -28,71 +28,9 @@ constexpr int64_t PARALLEL_WORK = 1 << 14;   // output values below which one th
 constexpr int64_t ROW_SLACK = 4 * MAX_WORDS; // read past a padded row by its last positions' last word
 constexpr int64_t FEW_PRODUCTS = 32;         // as lpt/native/routes.py's
 
-// The output stage's constants for one block of sixteen channels, in registers. A Relu (a clip at 0, no slope, no
-// upper bound) is the quantizer's lower bound: rint(clamp(max(0, x)·r, low, high)) = rint(clamp(x·r, max(0, low),
-// high)), and so with x / scale, as rounding keeps the order and 0·r = 0 / scale = 0. Values below 2^-96 are not
-// flushed to 0 (lpt_s16::Epilogue::flush_tiny, which keeps them out of post-ops that would take them slowly): they
-// give 0's level either way, the kernel's post-op is at most a clip, and acc·multiplier + bias falls below 2^-96
-// only where it cancels to within that. dnsmos_sig_bak_ovr's 1 → 128 layer over 900×161 took 2.24 → 2.01 ms with
-// those and levels_512's shorter form, and 1.36 with whole stores (lpt_s16::store_bytes_16; Zen 4, 2 threads,
-// lpt's layer alone; OpenVINO's 1.03 in its network).
-struct BlockStage {
-    __m512 multiplier, bias, slope, low, high;  // the post-op's clip, where it is not folded
-    lpt_s16::Quantizer512 quantizer;
-    bool clipped, sloped, is_signed;
-    // `fused`: the Epilogue's Levels (one fused product per value, the level clamped to [level_low, level_high])
-    bool fused;
-    __m512 level_multiplier, level_bias, level_low, level_high, near_half;
-};
-
-// The reference's levels of one vector of accumulators: lpt_s16's clipped stage, sixteen lanes (the bias added
-// even where there is none: x + 0 is x but for −0, which quantizes as +0; the clip as max then min, each
-// keeping a NaN as the comparisons do), then levels_512.
-template <int N>
-__attribute__((target("avx512f,avx512dq"), always_inline)) inline void reference_levels(const __m512i *acc,
-                                                                                       const BlockStage &stage,
-                                                                                       __m512i *levels) {
-    __m512 x[N];
-    for (int v = 0; v < N; ++v)
-        x[v] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), stage.multiplier), stage.bias);
-    if (stage.sloped)  // x < 0 ? x·slope : x
-        for (int v = 0; v < N; ++v)
-            x[v] = _mm512_mask_mul_ps(x[v], _mm512_cmp_ps_mask(x[v], _mm512_setzero_ps(), _CMP_LT_OQ), x[v],
-                                      stage.slope);
-    if (stage.clipped)
-        for (int v = 0; v < N; ++v) x[v] = _mm512_min_ps(stage.high, _mm512_max_ps(stage.low, x[v]));
-    lpt_s16::levels_512_n<N>(x, stage.quantizer, levels);
-}
-
-// One vector by the reference, out of line: inlined into fused_levels' loop, its constants and registers crowded
-// the fused product's.
-__attribute__((target("avx512f,avx512dq"), noinline)) __m512i reference_levels_of(__m512i acc,
-                                                                                 const BlockStage &stage) {
-    __m512i levels;
-    reference_levels<1>(&acc, stage, &levels);
-    return levels;
-}
-
-// The same levels from one fused product each (lpt_s16::Epilogue::Levels, prepare_clipped_levels says why they
-// are the reference's): Y = RN(a·m' + b') clamped, its nearest integer, where Y lies at less than near_half from
-// it; a vector with a lane next to a half again by reference_levels. dnsmos_sig_bak_ovr's 1 → 128 layer with a
-// Relu over 900×161 (three runs alternating, in its program, Zen 4, 2 threads): 1.52-1.59 → 1.41-1.45 ms; with
-// no stage at all it took 1.09-1.13.
-template <int N>
-__attribute__((target("avx512f,avx512dq"), always_inline)) inline void fused_levels(const __m512i *acc,
-                                                                                   const BlockStage &stage,
-                                                                                   __m512i *levels) {
-    __mmask16 near[N], any = 0;
-    for (int v = 0; v < N; ++v) {
-        const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), stage.level_multiplier, stage.level_bias);
-        near[v] = lpt_s16::nearest_levels(_mm512_min_ps(_mm512_max_ps(y, stage.level_low), stage.level_high),
-                                          stage.near_half, levels[v]);
-        any |= near[v];
-    }
-    if (any)
-        for (int v = 0; v < N; ++v)
-            if (near[v]) levels[v] = reference_levels_of(acc[v], stage);
-}
+using lpt_s16::BlockStage;
+using lpt_s16::fused_levels;
+using lpt_s16::reference_levels;
 
 // N positions of one block of sixteen channels: their accumulators, then their output stage into out (rows
 // of `channels` bytes).
@@ -173,21 +111,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
         const uint8_t *const *rows, int64_t kernel_h, int64_t step, int64_t count, const Weights &w, int zero_point,
         int64_t channels, const lpt_s16::Epilogue &e, uint8_t *out) {
     const int64_t block_stride = w.blocks * LANES;
-    const bool clip = e.post_op_count == 1;
-    const bool relu = clip && e.post_ops[1] == 1.0f && e.post_ops[2] == 0.0f && e.post_ops[3] == INFINITY;
-    BlockStage stage{};
-    stage.slope = _mm512_set1_ps(clip ? e.post_ops[1] : 1.0f);
-    stage.low = _mm512_set1_ps(clip ? e.post_ops[2] : -INFINITY);
-    stage.high = _mm512_set1_ps(clip ? e.post_ops[3] : INFINITY);
-    stage.clipped = clip && !relu;
-    stage.sloped = clip && e.post_ops[1] != 1.0f;
-    stage.quantizer = lpt_s16::quantizer_512(e.scale, e.zero_point, e.qmin, e.qmax);
-    if (relu) stage.quantizer.low = _mm512_set1_ps(std::max((float)(e.qmin - e.zero_point), 0.0f));
-    stage.is_signed = e.type == lpt_s16::Epilogue::s8;
-    const lpt_s16::Epilogue::Levels &l = e.levels;
-    stage.fused = lpt_s16::levels_apply(e) && !l.lane_bound && !stage.sloped;
-    stage.level_low = _mm512_set1_ps(l.low), stage.level_high = _mm512_set1_ps(l.high);
-    stage.near_half = _mm512_set1_ps(l.near_half);
+    BlockStage stage = lpt_s16::block_stage(e);
     if (stage.fused && channels % (4 * LANES) == 0) {
         for (int64_t b = 0; b < w.blocks; b += 4) {
             BlockStage stages[4] = {stage, stage, stage, stage};
@@ -196,10 +120,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
                 const int64_t first = (b + j) * LANES;
                 corrections[j] = _mm512_mullo_epi32(_mm512_set1_epi32(zero_point),
                                                     _mm512_loadu_si512(w.sums.data() + first));
-                stages[j].multiplier = _mm512_loadu_ps(e.multiplier + first);
-                stages[j].bias = e.bias ? _mm512_loadu_ps(e.bias + first) : _mm512_setzero_ps();
-                stages[j].level_multiplier = _mm512_loadu_ps(l.multiplier + first);
-                stages[j].level_bias = _mm512_loadu_ps(l.bias + first);
+                lpt_s16::block_constants(stages[j], e, first, (__mmask16)0xFFFF);
             }
             const int32_t *block_words = w.words.data() + b * LANES;
             const uint8_t *at[FEW_PRODUCTS];
@@ -222,12 +143,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
         const __mmask16 lanes = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         const __m512i correction = _mm512_mullo_epi32(_mm512_set1_epi32(zero_point),
                                                       _mm512_loadu_si512(w.sums.data() + b * LANES));
-        stage.multiplier = _mm512_maskz_loadu_ps(lanes, e.multiplier + b * LANES);
-        stage.bias = e.bias ? _mm512_maskz_loadu_ps(lanes, e.bias + b * LANES) : _mm512_setzero_ps();
-        if (stage.fused) {  // padded to whole blocks of sixteen
-            stage.level_multiplier = _mm512_loadu_ps(l.multiplier + b * LANES);
-            stage.level_bias = _mm512_loadu_ps(l.bias + b * LANES);
-        }
+        lpt_s16::block_constants(stage, e, b * LANES, lanes);
         const int32_t *block_words = w.words.data() + b * LANES;
         const uint8_t *at[FEW_PRODUCTS];
         int64_t p = 0;
@@ -252,8 +168,7 @@ bool supported() {
 
 bool fits(const lpt_s16::Geometry &g, const lpt_s16::Epilogue &e) {
     return g.dilation_w == 1 && g.kernel_w * g.in_channels <= 4 * MAX_WORDS &&
-           g.kernel_h * g.kernel_w * g.in_channels < FEW_PRODUCTS && e.type != lpt_s16::Epilogue::f32 &&
-           (e.post_op_count == 0 || (e.post_op_count == 1 && e.post_ops[0] == lpt_s16::SLOPE_CLIP));
+           g.kernel_h * g.kernel_w * g.in_channels < FEW_PRODUCTS && lpt_s16::in_registers(e);
 }
 
 Weights pack(const int8_t *weights, const lpt_s16::Geometry &g) {

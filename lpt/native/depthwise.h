@@ -1,0 +1,42 @@
+// lpt's own depthwise convolution on AVX-512 VNNI (route u8s8): lpt/native/depthwise.cpp.
+//
+// oneDNN 3.2 runs an int8 depthwise layer with a source zero point on jit_int8, whose products take one
+// channel's taps one at a time (its brdgmm_dw kernel takes none): PaddleOCR's detector's 3×3 layers of 48
+// channels over 160×160 ran at 85-100 G products/s there (Zen 4, 2 threads), OpenVINO's own kernel at about
+// 1.6× that. Here vpdpbusd adds four taps of a kernel row per lane: each source row of a block of sixteen
+// channels is rewritten once as "quads" (column x: each channel's bytes at columns x … x + 3, one 32-bit lane
+// per channel), which every output row whose window holds that row reads; an output position's block is then
+// kernel_h·⌈kernel_w / 4⌉ vpdpbusd. u8 × s8 with four products added in int32: exact.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "s16.h"
+
+namespace lpt_dw {
+
+// Whether this CPU runs the kernel: AVX-512 with VNNI, BW and VBMI (vpermb), where sixteen lanes are allowed
+// (lpt_s16::sixteen_lanes).
+bool supported();
+// Whether it runs a depthwise convolution of this geometry (one input and one output channel per group, 1-D or
+// 2-D): any kernel, stride and padding, no dilation.
+bool fits(const lpt_s16::Geometry &g);
+
+// The weights [C, 1, KH, KW] as the kernel reads them: per block of sixteen channels, kernel row and quad of
+// taps, each channel's four bytes (zeros past kw and past C); and each channel's sum of weights, which the
+// source's zero point times gives the accumulators' correction.
+struct Weights {
+    std::vector<int32_t, lpt_s16::CacheLineAllocator<int32_t>> words;  // [blocks][KH][quads][16]
+    std::vector<int32_t> sums;                                         // [blocks · 16]
+    int64_t quads = 0, blocks = 0;
+};
+Weights pack(const int8_t *weights, const lpt_s16::Geometry &g);
+
+// out [images, out_h·out_w, C] (float32, uint8 or int8 as `e` says) = the output stage (lpt_s16::stage_columns)
+// of the convolution of src (u8, or s8 with `signed_src`; channels-last [N, H, W, C]) less its zero point.
+// Needs supported() and fits(g).
+void convolve_staged(const uint8_t *src, bool signed_src, int zero_point, const lpt_s16::Geometry &g, int64_t images,
+                     int64_t h, int64_t w, const Weights &weights, const lpt_s16::Epilogue &e, void *out, int threads);
+
+}  // namespace lpt_dw
