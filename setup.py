@@ -2,7 +2,8 @@
 
 - lpt/kernels/_elementwise.c: the one-pass output stage and joins.
 - lpt/native/_engine.cpp: int8 convolution and matmul on oneDNN 3.2 and lpt's own kernels (s16.cpp for AVX2,
-  stem.cpp for few products per output and few_rows.cpp for matmuls of a few rows, both on AVX-512 VNNI);
+  stem.cpp for few products per output, depthwise.cpp for depthwise layers of large kernels and few_rows.cpp for
+  matmuls of a few rows, all three on AVX-512 VNNI);
   lpt/native/__init__.py loads it.
 
 optional=True: without a compiler (or, for the engine, without oneDNN's headers) lpt still
