@@ -72,14 +72,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void padded_row(const uint8
 // stages (any other).
 enum class Stage { levels, floats, tile };
 
+// A block's stage in registers: lpt_s16's constants, and what its levels and floats need besides.
+struct BlockOut {
+    lpt_s16::BlockStage stage;
+    __m512 bound;  // the Levels' bound per lane, where `bounded` (lpt_s16::bounded_levels)
+    bool bounded, bias;
+    __mmask16 lanes;  // the block's channels
+};
+
 // N positions of one block: Σ over kernel rows and quads of vpdpbusd, less the correction, then staged as `S`
 // says into out (rows of `channels` values) or tile [N][16]. rows[ky]: the first position's first quad in kernel
 // row ky; step: bytes from one position's quads to the next.
 template <int N, Stage S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_inline)) inline void block_positions(
         const uint8_t *const *rows, int64_t kernel_h, int64_t quads, int64_t step, const int32_t *words,
-        __m512i correction, const lpt_s16::BlockStage &stage, bool bias, __mmask16 lanes, char *out,
-        int64_t channels, int32_t *tile) {
+        __m512i correction, const BlockOut &o, char *out, int64_t channels, int32_t *tile) {
+    const lpt_s16::BlockStage &stage = o.stage;
     __m512i acc[N];
     for (int v = 0; v < N; ++v) acc[v] = _mm512_setzero_si512();
     for (int64_t ky = 0; ky < kernel_h; ++ky)
@@ -93,18 +101,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
     if constexpr (S == Stage::levels) {
         __m512i levels[N];
         if (stage.fused)
-            lpt_s16::fused_levels<N>(acc, stage, levels);
+            o.bounded ? lpt_s16::bounded_levels<N>(acc, stage, o.bound, levels) : lpt_s16::fused_levels<N>(acc, stage, levels);
         else
             lpt_s16::reference_levels<N>(acc, stage, levels);
         for (int v = 0; v < N; ++v) {
             const __m128i bytes = stage.is_signed ? _mm512_cvtsepi32_epi8(levels[v]) : _mm512_cvtusepi32_epi8(levels[v]);
-            lpt_s16::store_bytes_16(reinterpret_cast<uint8_t *>(out) + v * channels, lanes, bytes);
+            lpt_s16::store_bytes_16(reinterpret_cast<uint8_t *>(out) + v * channels, o.lanes, bytes);
         }
     } else if constexpr (S == Stage::floats) {
         for (int v = 0; v < N; ++v) {
             __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), stage.multiplier);
-            if (bias) x = _mm512_add_ps(x, stage.bias);
-            _mm512_mask_storeu_ps(reinterpret_cast<float *>(out) + v * channels, lanes, x);
+            if (o.bias) x = _mm512_add_ps(x, stage.bias);
+            _mm512_mask_storeu_ps(reinterpret_cast<float *>(out) + v * channels, o.lanes, x);
         }
     } else {
         for (int v = 0; v < N; ++v) _mm512_store_si512(tile + v * LANES, acc[v]);
@@ -115,19 +123,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
 template <Stage S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void positions_of_row(
         const uint8_t *const *rows, int64_t kernel_h, int64_t quads, int64_t step, int64_t count, const int32_t *words,
-        __m512i correction, const lpt_s16::BlockStage &stage, bool bias, __mmask16 lanes, char *out, int64_t channels,
-        int64_t item, int32_t *tile) {
+        __m512i correction, const BlockOut &o, char *out, int64_t channels, int64_t item, int32_t *tile) {
     const uint8_t *at[MAX_KERNEL_H];
     int64_t p = 0;
     for (; p + POSITIONS <= count; p += POSITIONS) {
         for (int64_t ky = 0; ky < kernel_h; ++ky) at[ky] = rows[ky] + p * step;
-        block_positions<POSITIONS, S>(at, kernel_h, quads, step, words, correction, stage, bias, lanes,
-                                      out + p * channels * item, channels, tile + p * LANES);
+        block_positions<POSITIONS, S>(at, kernel_h, quads, step, words, correction, o, out + p * channels * item,
+                                      channels, tile + p * LANES);
     }
     for (; p < count; ++p) {
         for (int64_t ky = 0; ky < kernel_h; ++ky) at[ky] = rows[ky] + p * step;
-        block_positions<1, S>(at, kernel_h, quads, step, words, correction, stage, bias, lanes,
-                              out + p * channels * item, channels, tile + p * LANES);
+        block_positions<1, S>(at, kernel_h, quads, step, words, correction, o, out + p * channels * item, channels,
+                              tile + p * LANES);
     }
 }
 
@@ -152,9 +159,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
     const __mmask16 lanes = valid == LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
     const Stage kind = lpt_s16::in_registers(e) ? Stage::levels
                        : e.type == lpt_s16::Epilogue::f32 && e.post_op_count == 0 ? Stage::floats : Stage::tile;
-    lpt_s16::BlockStage stage{};
-    if (kind == Stage::levels) stage = lpt_s16::block_stage(e);
-    if (kind != Stage::tile) lpt_s16::block_constants(stage, e, b * LANES, lanes);
+    BlockOut o{};
+    o.lanes = lanes, o.bias = e.bias != nullptr;
+    if (kind == Stage::levels) o.stage = lpt_s16::block_stage(e, true);
+    if (kind != Stage::tile) lpt_s16::block_constants(o.stage, e, b * LANES, lanes);
+    o.bounded = o.stage.fused && e.levels.lane_bound;
+    if (o.bounded) o.bound = _mm512_loadu_ps(e.levels.lane_bound + b * LANES);
     const auto run = kind == Stage::levels ? positions_of_row<Stage::levels>
                      : kind == Stage::floats ? positions_of_row<Stage::floats> : positions_of_row<Stage::tile>;
     const int64_t item = e.type == lpt_s16::Epilogue::f32 ? 4 : 1;
@@ -166,8 +176,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
             for (int64_t ky = 0; ky < g.kernel_h; ++ky)
                 at[ky] = quads.data() + ((oy - oy0) * g.stride_h + ky) * row_bytes + x0 * step;
             char *to = out + ((n * out_h + oy) * out_w + x0) * c * item;
-            run(at, g.kernel_h, weights.quads, step, count, words, correction, stage, e.bias != nullptr, lanes,
-                to + b * LANES * item, c, item, tile);
+            run(at, g.kernel_h, weights.quads, step, count, words, correction, o, to + b * LANES * item, c, item, tile);
             if (kind == Stage::tile)
                 lpt_s16::stage_columns(e, tile, nullptr, count, b * LANES, valid, LANES, to, c);
         }

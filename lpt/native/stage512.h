@@ -25,10 +25,9 @@ struct BlockStage {
     __m512 multiplier, bias, slope, low, high;  // the post-op's clip, where it is not folded
     Quantizer512 quantizer;
     bool clipped, sloped, is_signed;
-    // `fused`: the Epilogue's Levels (one fused product per value, the level clamped to [level_low, level_high]);
-    // `bounded`: with their bound per lane (Levels::lane_bound)
-    bool fused, bounded;
-    __m512 level_multiplier, level_bias, level_low, level_high, near_half, lane_bound;
+    // `fused`: the Epilogue's Levels (one fused product per value, the level clamped to [level_low, level_high])
+    bool fused;
+    __m512 level_multiplier, level_bias, level_low, level_high, near_half;
 };
 
 // The reference's levels of one vector of accumulators: lpt_s16's clipped stage, sixteen lanes (the bias added
@@ -51,8 +50,9 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) inline void reference
 }
 
 // One vector by the reference, out of line: inlined into fused_levels' loop, its constants and registers crowded
-// the fused product's.
-__attribute__((target("avx512f,avx512dq"), noinline)) inline __m512i reference_levels_of(__m512i acc,
+// the fused product's. Static, each file its own copy: a call the compiler sees whole keeps its callers' registers
+// (with one shared definition the stem kernel's 1 → 128 layer took 1.3 → 1.9-2.1 ms).
+__attribute__((target("avx512f,avx512dq"), noinline)) static __m512i reference_levels_of(__m512i acc,
                                                                                  const BlockStage &stage) {
     __m512i levels;
     reference_levels<1>(&acc, stage, &levels);
@@ -61,27 +61,41 @@ __attribute__((target("avx512f,avx512dq"), noinline)) inline __m512i reference_l
 
 // The same levels from one fused product each (Epilogue::Levels, prepare_clipped_levels says why they
 // are the reference's): Y = RN(a·m' + b') clamped, its nearest integer, where Y lies at less than near_half from
-// it (plus |a|·lane_bound where `bounded`, as lpt_s16's clipped_levels); a vector with a lane next to a half again
-// by reference_levels. dnsmos_sig_bak_ovr's 1 → 128 layer with a Relu over 900×161 (three runs alternating, in its
-// program, Zen 4, 2 threads): 1.52-1.59 → 1.41-1.45 ms; with no stage at all it took 1.09-1.13.
+// it; a vector with a lane next to a half again by reference_levels. dnsmos_sig_bak_ovr's 1 → 128 layer with a
+// Relu over 900×161 (three runs alternating, in its program, Zen 4, 2 threads): 1.52-1.59 → 1.41-1.45 ms; with
+// no stage at all it took 1.09-1.13.
 template <int N>
 __attribute__((target("avx512f,avx512dq"), always_inline)) inline void fused_levels(const __m512i *acc,
                                                                                    const BlockStage &stage,
                                                                                    __m512i *levels) {
+    __mmask16 near[N], any = 0;
+    for (int v = 0; v < N; ++v) {
+        const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), stage.level_multiplier, stage.level_bias);
+        near[v] = nearest_levels(_mm512_min_ps(_mm512_max_ps(y, stage.level_low), stage.level_high), stage.near_half,
+                                 levels[v]);
+        any |= near[v];
+    }
+    if (any)
+        for (int v = 0; v < N; ++v)
+            if (near[v]) levels[v] = reference_levels_of(acc[v], stage);
+}
+
+// fused_levels where the Levels have a bound per lane (Levels::lane_bound, `bound` its block's): a lane is next to a
+// half where |Y − n| + |a|·bound reaches near_half, as lpt_s16's clipped_levels. A separate form: the stem kernel's
+// four blocks at a time keep their constants in registers, which one more spilled (its 1 → 128 layer 1.27 → 1.7 ms).
+template <int N>
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline void bounded_levels(const __m512i *acc,
+                                                                                     const BlockStage &stage,
+                                                                                     __m512 bound, __m512i *levels) {
     constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __mmask16 near[N], any = 0;
     for (int v = 0; v < N; ++v) {
         const __m512 a = _mm512_cvtepi32_ps(acc[v]);
         const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, stage.level_multiplier, stage.level_bias),
                                                      stage.level_low), stage.level_high);
-        if (stage.bounded) {
-            levels[v] = _mm512_cvt_roundps_epi32(y, NEAREST);
-            const __m512 off = _mm512_fmadd_ps(_mm512_abs_ps(a), stage.lane_bound,
-                                               _mm512_abs_ps(_mm512_reduce_ps(y, NEAREST)));
-            near[v] = _mm512_cmp_ps_mask(off, stage.near_half, _CMP_GE_OQ);
-        } else {
-            near[v] = nearest_levels(y, stage.near_half, levels[v]);
-        }
+        levels[v] = _mm512_cvt_roundps_epi32(y, NEAREST);
+        const __m512 off = _mm512_fmadd_ps(_mm512_abs_ps(a), bound, _mm512_abs_ps(_mm512_reduce_ps(y, NEAREST)));
+        near[v] = _mm512_cmp_ps_mask(off, stage.near_half, _CMP_GE_OQ);
         any |= near[v];
     }
     if (any)
@@ -94,8 +108,10 @@ inline bool in_registers(const Epilogue &e) {
     return e.type != Epilogue::f32 && (e.post_op_count == 0 || (e.post_op_count == 1 && e.post_ops[0] == SLOPE_CLIP));
 }
 
-// e's constants that do not depend on the channel (in_registers(e)); block_constants sets the rest.
-__attribute__((target("avx512f"))) inline BlockStage block_stage(const Epilogue &e) {
+// e's constants that do not depend on the channel (in_registers(e)); block_constants sets the rest. The levels are
+// fused where e's Levels apply, and where they have a bound per lane only if the caller takes it (`bounded`:
+// bounded_levels).
+__attribute__((target("avx512f"))) inline BlockStage block_stage(const Epilogue &e, bool bounded) {
     const bool clip = e.post_op_count == 1;
     const bool relu = clip && e.post_ops[1] == 1.0f && e.post_ops[2] == 0.0f && e.post_ops[3] == INFINITY;
     BlockStage stage{};
@@ -108,23 +124,23 @@ __attribute__((target("avx512f"))) inline BlockStage block_stage(const Epilogue 
     if (relu) stage.quantizer.low = _mm512_set1_ps(std::max((float)(e.qmin - e.zero_point), 0.0f));
     stage.is_signed = e.type == Epilogue::s8;
     const Epilogue::Levels &l = e.levels;
-    stage.fused = levels_apply(e) && !stage.sloped;
-    stage.bounded = l.lane_bound != nullptr;
+    stage.fused = levels_apply(e) && !stage.sloped && (bounded || !l.lane_bound);
     stage.level_low = _mm512_set1_ps(l.low), stage.level_high = _mm512_set1_ps(l.high);
     stage.near_half = _mm512_set1_ps(l.near_half);
     return stage;
 }
 
 // The constants of channels first … first + 15 (those past `lanes` zero; the Levels' arrays are padded to whole
-// blocks of sixteen).
+// blocks of sixteen). Whole loads where every lane is: Zen 4 takes a masked one far more slowly, and the stem kernel
+// sets a block's constants for each output row (dnsmos_sig_bak_ovr's 1 → 128 stem over 900×161: 1.1 → 2.4 ms with
+// masked loads of whole blocks).
 __attribute__((target("avx512f"))) inline void block_constants(BlockStage &stage, const Epilogue &e, int64_t first,
                                                              __mmask16 lanes) {
-    stage.multiplier = _mm512_maskz_loadu_ps(lanes, e.multiplier + first);
-    stage.bias = e.bias ? _mm512_maskz_loadu_ps(lanes, e.bias + first) : _mm512_setzero_ps();
+    stage.multiplier = load_16(e.multiplier + first, lanes);
+    stage.bias = e.bias ? load_16(e.bias + first, lanes) : _mm512_setzero_ps();
     if (stage.fused) {
         stage.level_multiplier = _mm512_loadu_ps(e.levels.multiplier + first);
         stage.level_bias = _mm512_loadu_ps(e.levels.bias + first);
-        if (stage.bounded) stage.lane_bound = _mm512_loadu_ps(e.levels.lane_bound + first);
     }
 }
 

@@ -111,7 +111,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ou
         const uint8_t *const *rows, int64_t kernel_h, int64_t step, int64_t count, const Weights &w, int zero_point,
         int64_t channels, const lpt_s16::Epilogue &e, uint8_t *out) {
     const int64_t block_stride = w.blocks * LANES;
-    BlockStage stage = lpt_s16::block_stage(e);
+    BlockStage stage = lpt_s16::block_stage(e, false);
     if (stage.fused && channels % (4 * LANES) == 0) {
         for (int64_t b = 0; b < w.blocks; b += 4) {
             BlockStage stages[4] = {stage, stage, stage, stage};
