@@ -1687,39 +1687,28 @@ void run_s16(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
     if (wide.bytes() > KEEP_WIDENED_BYTES) wide.release();
 }
 
-// Route u8s8, a convolution prepare_stem took: lpt_stem's kernel and the output stage, into a channels-last output.
-void run_stem(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
-              int src_zero_point, Dst dst, void *out, size_t out_bytes) {
+// Route u8s8, a convolution one of lpt's own AVX-512 VNNI kernels takes (prepare_stem, prepare_depthwise): the kernel
+// and the output stage, into a channels-last output, from a channels-last source.
+void run_own_kernel(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
+                    int src_zero_point, Dst dst, void *out, size_t out_bytes) {
     const lpt_s16::Geometry &g = op.geometry;
     const int64_t images = dims[0], h = dims.size() == 4 ? dims[2] : 1, w = dims.back();
     if (out_bytes != (size_t)(images * g.out_h(h) * g.out_w(w) * op.out_channels) * item_size(dst))
         throw std::invalid_argument("out does not have the output's size");
-    if (!channels_last && g.in_channels > 1) {  // the kernel reads each kernel row's channels-last run
+    if (!channels_last && g.in_channels > 1 && h * w > 1) {  // the kernels read each pixel's channels together
         thread_local Scratch<uint8_t> scratch;
         uint8_t *moved = scratch.get((size_t)(images * g.in_channels * h * w));
         to_channels_last(src, moved, images, g.in_channels, h * w, 0, op.threads);
         src = moved;
     }
-    lpt_stem::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.stem, op.epilogue, out, op.threads);
-    op.last_impl = "lpt:stem_avx512_vnni";
-}
-
-// Route u8s8, a depthwise convolution prepare_depthwise took: lpt_dw's kernel and the output stage, into a
-// channels-last output.
-void run_depthwise(Operation &op, const uint8_t *src, const memory::dims &dims, bool channels_last, bool signed_src,
-                   int src_zero_point, Dst dst, void *out, size_t out_bytes) {
-    const lpt_s16::Geometry &g = op.geometry;
-    const int64_t images = dims[0], h = dims.size() == 4 ? dims[2] : 1, w = dims.back();
-    if (out_bytes != (size_t)(images * g.out_h(h) * g.out_w(w) * op.out_channels) * item_size(dst))
-        throw std::invalid_argument("out does not have the output's size");
-    if (!channels_last && g.in_channels > 1 && h * w > 1) {  // the kernel reads each pixel's channels
-        thread_local Scratch<uint8_t> scratch;
-        uint8_t *moved = scratch.get((size_t)(images * g.in_channels * h * w));
-        to_channels_last(src, moved, images, g.in_channels, h * w, 0, op.threads);
-        src = moved;
+    if (!op.stem.words.empty()) {
+        lpt_stem::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.stem, op.epilogue, out,
+                                  op.threads);
+        op.last_impl = "lpt:stem_avx512_vnni";
+    } else {
+        lpt_dw::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.dw, op.epilogue, out, op.threads);
+        op.last_impl = "lpt:depthwise_avx512_vnni";
     }
-    lpt_dw::convolve_staged(src, signed_src, src_zero_point, g, images, h, w, op.dw, op.epilogue, out, op.threads);
-    op.last_impl = "lpt:depthwise_avx512_vnni";
 }
 
 // x[r][c] = (f32(q[r][first + c]) − shift)·scale for `rows` rows of columns [first, first + width) of `channels`:
@@ -1773,13 +1762,9 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }
-    if (!op.stem.words.empty() && dst != Dst::s32 && dst == op.stage.dst && channels_last_out && !join) {
-        run_stem(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
-        if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
-        return;
-    }
-    if (!op.dw.words.empty() && dst != Dst::s32 && dst == op.stage.dst && channels_last_out && !join) {
-        run_depthwise(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
+    if ((!op.stem.words.empty() || !op.dw.words.empty()) && dst != Dst::s32 && dst == op.stage.dst &&
+        channels_last_out && !join) {
+        run_own_kernel(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }

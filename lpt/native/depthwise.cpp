@@ -2,8 +2,7 @@
 //
 // A task is one image's block of sixteen channels over a band of output rows. Each source row the band reads
 // is copied as the block's sixteen bytes per column (flipped to u8 where signed, the padding holding the zero
-// point), then rewritten as quads: quad x holds, in lane c, channel c's bytes at columns x … x + 3 (a vpermd
-// that gathers each channel group's four columns into one 128-bit lane, and a vpshufb that interleaves them).
+// point), then rewritten as quads: quad x holds, in lane c, channel c's bytes at columns x … x + 3 (quad_row).
 // Output position ox then takes quad ox·stride_w + 4d of each kernel row for the weights' quad d. The padding
 // holds the zero point, so every output sums all its products of (q − zp)·w: acc = Σ q·w − zp·Σ w.
 
@@ -37,8 +36,10 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void quad_row(const uint8
     alignas(64) uint8_t order[QUAD];
     for (int k = 0; k < QUAD; ++k) order[k] = (uint8_t)(LANES * (k % 4) + k / 4);
     const __m512i interleave = _mm512_load_si512(order);
-    for (int64_t x = 0; x < count; ++x)
-        _mm512_store_si512(quads + x * QUAD, _mm512_permutexvar_epi8(interleave, _mm512_loadu_si512(columns + x * LANES)));
+    for (int64_t x = 0; x < count; ++x) {
+        const __m512i four_columns = _mm512_loadu_si512(columns + x * LANES);
+        _mm512_store_si512(quads + x * QUAD, _mm512_permutexvar_epi8(interleave, four_columns));
+    }
 }
 
 // Padded row yp of image n, block b: `count` columns of sixteen bytes (the zero point's byte outside the source).
@@ -101,11 +102,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
     if constexpr (S == Stage::levels) {
         __m512i levels[N];
         if (stage.fused)
-            o.bounded ? lpt_s16::bounded_levels<N>(acc, stage, o.bound, levels) : lpt_s16::fused_levels<N>(acc, stage, levels);
+            o.bounded ? lpt_s16::bounded_levels<N>(acc, stage, o.bound, levels)
+                      : lpt_s16::fused_levels<N>(acc, stage, levels);
         else
             lpt_s16::reference_levels<N>(acc, stage, levels);
         for (int v = 0; v < N; ++v) {
-            const __m128i bytes = stage.is_signed ? _mm512_cvtsepi32_epi8(levels[v]) : _mm512_cvtusepi32_epi8(levels[v]);
+            const __m128i bytes =
+                    stage.is_signed ? _mm512_cvtsepi32_epi8(levels[v]) : _mm512_cvtusepi32_epi8(levels[v]);
             lpt_s16::store_bytes_16(reinterpret_cast<uint8_t *>(out) + v * channels, o.lanes, bytes);
         }
     } else if constexpr (S == Stage::floats) {

@@ -1,12 +1,13 @@
 // lpt's own depthwise convolution on AVX-512 VNNI (route u8s8): lpt/native/depthwise.cpp.
 //
-// oneDNN 3.2 runs an int8 depthwise layer with a source zero point on jit_int8, whose products take one
-// channel's taps one at a time (its brdgmm_dw kernel takes none): PaddleOCR's detector's 3×3 layers of 48
-// channels over 160×160 ran at 85-100 G products/s there (Zen 4, 2 threads), OpenVINO's own kernel at about
-// 1.6× that. Here vpdpbusd adds four taps of a kernel row per lane: each source row of a block of sixteen
-// channels is rewritten once as "quads" (column x: each channel's bytes at columns x … x + 3, one 32-bit lane
-// per channel), which every output row whose window holds that row reads; an output position's block is then
-// kernel_h·⌈kernel_w / 4⌉ vpdpbusd. u8 × s8 with four products added in int32: exact.
+// oneDNN 3.2 runs an int8 depthwise layer with a source zero point on jit_int8 (its brdgmm_dw kernel takes none),
+// which takes a channel's taps one at a time: PaddleOCR's detector's 7×7 layer of 96 channels over 160×160 took
+// 1.04 ms in its plan there (Zen 4, 2 threads), OpenVINO's own kernel 0.96. Here vpdpbusd adds four taps of a
+// kernel row per lane: each source row of a block of sixteen channels is rewritten once as "quads" (column x:
+// each channel's bytes at columns x … x + 3, one 32-bit lane per channel), which every output row whose window
+// holds that row reads; an output position's block is then kernel_h·⌈kernel_w / 4⌉ vpdpbusd, u8 × s8 with four
+// products added in int32: exact. The same layer 0.71-0.73 ms. A 3×3 layer's quads cost as much as its products,
+// and jit_int8 is as fast there (_engine.cpp: DEPTHWISE_TAPS).
 #pragma once
 
 #include <cstdint>

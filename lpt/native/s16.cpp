@@ -1392,8 +1392,8 @@ void each_byte_tile(const uint8_t *padded, const Outside &outside, const ByteWei
                 starts[j] = padded + ((n * hp + oy * g.stride_h) * wp + ox * g.stride_w) * c;
                 if (++ox == out_w) ox = 0, ++oy;
             }
-            (half ? BYTE_HALF_TILES : BYTE_TILES)[in_tile](starts, b.packed.data() + block * block_size, g.kernel_h, row_stride, quads,
-                                compensation, acc + t * LANES);
+            (half ? BYTE_HALF_TILES : BYTE_TILES)[in_tile](starts, b.packed.data() + block * block_size, g.kernel_h,
+                                                            row_stride, quads, compensation, acc + t * LANES);
         }
         add_outside(outside, b, g, n, hp, out_w, first, count, block, acc);
         sink(acc, n * positions + first, count, 1, block * LANES, valid);
