@@ -27,6 +27,8 @@ constexpr int64_t RUN = 6 * POSITIONS;  // positions per hand-over to the output
 constexpr int64_t QUAD_BAND_BYTES = 160 << 10;
 constexpr double PARALLEL_PRODUCTS = 1 << 17;  // products below which one thread runs the layer
 constexpr int64_t MAX_KERNEL_H = 64;            // kernel rows a position's pointers are kept for
+// Quad rows a thread keeps between layers (a band of a very long row may need more: given back after its task).
+constexpr size_t KEEP_QUAD_BYTES = 8u << 20;
 
 // Columns [0, count) of a padded source row of the block's sixteen bytes per column as quads: byte 4c + j of quad x
 // is byte 16j + c of the 64 from column x on (channel c at column x + j), one vpermb (with a vpermd and a vpshufb
@@ -183,6 +185,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
             if (kind == Stage::tile)
                 lpt_s16::stage_columns(e, tile, nullptr, count, b * LANES, valid, LANES, to, c);
         }
+    if (quads.capacity() > KEEP_QUAD_BYTES) decltype(quads)().swap(quads);
+    if (line.capacity() > KEEP_QUAD_BYTES) decltype(line)().swap(line);
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ def test_the_output_stage_equals_the_reference(case, stage, channels_last, one_m
 @pytest.mark.parametrize("kernel, implemented", [((3, 3), False), ((1, 5), False), ((5, 5), True), ((7, 7), True)])
 def test_by_default_the_kernel_takes_kernels_of_25_taps_or_more(kernel, implemented):
     """Without LPT_DEPTHWISE, a 3×3 layer stays on oneDNN (as fast there) and a 5×5 or 7×7 takes the kernel; =0 keeps
-    oneDNN for any. PaddleOCR's detector's 7×7 layers' shape: 96 channels, pads 3, a 8-bit destination."""
+    oneDNN for any. PaddleOCR's detector's 7×7 layers' shape: 96 channels, pads 3, an 8-bit destination."""
     rng = np.random.default_rng(kernel[0])
     weights = rng.integers(-128, 128, (96, 1) + kernel).astype(np.int8)
     src = rng.integers(0, 256, (1, 96, 23, 30)).astype(np.uint8)
