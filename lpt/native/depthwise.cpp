@@ -117,7 +117,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
         for (int v = 0; v < N; ++v) {
             __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[v]), stage.multiplier);
             if (o.bias) x = _mm512_add_ps(x, stage.bias);
-            _mm512_mask_storeu_ps(reinterpret_cast<float *>(out) + v * channels, o.lanes, x);
+            float *to = reinterpret_cast<float *>(out) + v * channels;  // a masked store only for a partial block
+            o.lanes == 0xFFFF ? _mm512_storeu_ps(to, x) : _mm512_mask_storeu_ps(to, o.lanes, x);
         }
     } else {
         for (int v = 0; v < N; ++v) _mm512_store_si512(tile + v * LANES, acc[v]);
