@@ -389,6 +389,7 @@ struct Operation {
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
     lpt_dw::Weights dw;      // route u8s8, where lpt_dw's kernel runs the depthwise convolution (prepare_depthwise)
+    bool dw_any_size = false;  // whatever the source's size (takes_depthwise)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
     std::vector<float> padded_multiplier, padded_bias;
     std::vector<float> level_constants;  // the epilogue's Levels (lpt_s16::prepare_clipped_levels)
@@ -1277,22 +1278,37 @@ void prepare_stem(Operation &op) {
     op.stem = lpt_stem::pack(op.weights.data(), g);
 }
 
-// On route u8s8, a depthwise convolution of DEPTHWISE_TAPS taps or more runs on lpt_dw's kernel where this CPU has it
-// (depthwise.h says why): its geometry and weights. LPT_DEPTHWISE=1 takes the kernel for any it fits, 0 for none
-// (so that tests run it on small kernels too, and oneDNN's on large ones). Below 25 taps oneDNN's jit_int8 is as
-// fast or faster: a 3×3 of 48 channels over 160×160 took 0.13-0.17 ms there, 0.20-0.27 on the kernel, whose
-// quads cost as much as its products then; a 5×5 of 96 over 80×80 0.15 against 0.13, a 7×7 of 96 over 160×160
-// 0.97 against 0.70, over 40×40 0.072 against 0.045 (Zen 4, 2 threads).
+// On route u8s8, a depthwise convolution runs on lpt_dw's kernel where this CPU has it (depthwise.h says why), if it
+// has DEPTHWISE_TAPS taps or more, or fewer than DEPTHWISE_FEW_PRODUCTS products (takes_depthwise). Between, oneDNN's
+// jit_int8 is as fast or faster: a 3×3 of 48 channels over 160×160 took 0.13-0.17 ms there, 0.20-0.27 on the kernel,
+// whose quads cost as much as its products then; a 5×5 of 96 over 80×80 0.15 against 0.13, a 7×7 of 96 over 160×160
+// 0.97 against 0.70, over 40×40 0.072 against 0.045. A small layer is mostly jit_int8's fixed cost: the PaddleOCR
+// recognizer's 1×7 of 120 channels over 40 positions (33 600 products) 16.8 → 4.0 µs in its plan, its 3×3 layers over
+// 3-12 × 80 positions (0.83 M) level, the detector's 3×3 of 192 channels over 20×20 with a stride of 2 (0.69 M) 26 →
+// 36 µs (Zen 4, 2 threads). LPT_DEPTHWISE=1 takes the kernel for any layer it fits, 0 for none (so that tests run
+// it on any layer, and oneDNN's on large ones).
 constexpr int64_t DEPTHWISE_TAPS = 25;
+constexpr double DEPTHWISE_FEW_PRODUCTS = 1 << 17;
 
 void prepare_depthwise(Operation &op) {
     if (op.route != Route::u8s8 || !op.depthwise || op.kernel_shape.size() > 4 || !lpt_dw::supported()) return;
     const lpt_s16::Geometry g = conv_geometry(op);
     const char *choice = std::getenv("LPT_DEPTHWISE");
     const std::string c = choice ? choice : "";
-    if (c == "0" || !lpt_dw::fits(g) || (c != "1" && g.kernel_h * g.kernel_w < DEPTHWISE_TAPS)) return;
+    if (c == "0" || !lpt_dw::fits(g)) return;
     op.geometry = g;
     op.dw = lpt_dw::pack(op.weights.data(), g);
+    op.dw_any_size = c == "1" || g.kernel_h * g.kernel_w >= DEPTHWISE_TAPS;
+}
+
+// Whether lpt_dw's kernel runs a depthwise layer over a source of these dims (prepare_depthwise says when).
+bool takes_depthwise(const Operation &op, const memory::dims &dims) {
+    if (op.dw.words.empty()) return false;
+    if (op.dw_any_size) return true;
+    const lpt_s16::Geometry &g = op.geometry;
+    const int64_t h = dims.size() == 4 ? dims[2] : 1, w = dims.back();
+    const double products = (double)dims[0] * g.out_h(h) * g.out_w(w) * g.out_channels * g.kernel_h * g.kernel_w;
+    return products < DEPTHWISE_FEW_PRODUCTS;
 }
 
 // A matmul's weights as lpt_few_rows's kernel reads them, on route u8s8 where the CPU runs it: sources of at
@@ -1762,7 +1778,7 @@ void execute(Operation &op, const uint8_t *src, const memory::dims &dims, bool c
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
         return;
     }
-    if ((!op.stem.words.empty() || !op.dw.words.empty()) && dst != Dst::s32 && dst == op.stage.dst &&
+    if ((!op.stem.words.empty() || takes_depthwise(op, dims)) && dst != Dst::s32 && dst == op.stage.dst &&
         channels_last_out && !join) {
         run_own_kernel(op, src, dims, channels_last, signed_src, src_zero_point, dst, out, out_bytes);
         if (rows_done) (*rows_done)(0, (int64_t)(out_bytes / item_size(dst)) / op.out_channels, op.threads);
