@@ -388,7 +388,7 @@ struct Operation {
     bool bytes_always = false;      // whatever the source (LPT_S16_BYTES=1)
     lpt_s16::Epilogue epilogue;
     lpt_stem::Weights stem;  // route u8s8, where lpt_stem's kernel runs the convolution (prepare_stem)
-    lpt_dw::Weights dw;      // route u8s8, where lpt_dw's kernel runs the depthwise convolution (prepare_depthwise)
+    lpt_stem::Weights dw;    // route u8s8, where lpt_dw's kernel runs the depthwise convolution (prepare_depthwise)
     bool dw_any_size = false;  // whatever the source's size (takes_depthwise)
     lpt_few_rows::Weights few_rows;  // route u8s8, a matmul's weights for lpt_few_rows's kernel (prepare_few_rows)
     std::vector<float> padded_multiplier, padded_bias;
@@ -1297,7 +1297,9 @@ void prepare_depthwise(Operation &op) {
     const std::string c = choice ? choice : "";
     if (c == "0" || !lpt_dw::fits(g)) return;
     op.geometry = g;
-    op.dw = lpt_dw::pack(op.weights.data(), g);
+    lpt_s16::Geometry one_channel = g;  // each channel's weights [1, KH, KW], packed as a stem's of one input channel
+    one_channel.in_channels = 1;
+    op.dw = lpt_stem::pack(op.weights.data(), one_channel);
     op.dw_any_size = c == "1" || g.kernel_h * g.kernel_w >= DEPTHWISE_TAPS;
 }
 

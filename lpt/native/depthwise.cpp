@@ -85,17 +85,18 @@ struct BlockOut {
 
 // N positions of one block: Σ over kernel rows and quads of vpdpbusd, less the correction, then staged as `S`
 // says into out (rows of `channels` values) or tile [N][16]. rows[ky]: the first position's first quad in kernel
-// row ky; step: bytes from one position's quads to the next.
+// row ky; step: bytes from one position's quads to the next; words: the block's weights, block_stride int32 from
+// one kernel row's quad to the next (lpt_stem::Weights).
 template <int N, Stage S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_inline)) inline void block_positions(
         const uint8_t *const *rows, int64_t kernel_h, int64_t quads, int64_t step, const int32_t *words,
-        __m512i correction, const BlockOut &o, char *out, int64_t channels, int32_t *tile) {
+        int64_t block_stride, __m512i correction, const BlockOut &o, char *out, int64_t channels, int32_t *tile) {
     const lpt_s16::BlockStage &stage = o.stage;
     __m512i acc[N];
     for (int v = 0; v < N; ++v) acc[v] = _mm512_setzero_si512();
     for (int64_t ky = 0; ky < kernel_h; ++ky)
         for (int64_t d = 0; d < quads; ++d) {
-            const __m512i weights = _mm512_load_si512(words + (ky * quads + d) * LANES);
+            const __m512i weights = _mm512_load_si512(words + (ky * quads + d) * block_stride);
             const uint8_t *at = rows[ky] + 4 * d * QUAD;
             for (int v = 0; v < N; ++v)
                 acc[v] = _mm512_dpbusd_epi32(acc[v], _mm512_loadu_si512(at + v * step), weights);
@@ -129,25 +130,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_i
 template <Stage S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void positions_of_row(
         const uint8_t *const *rows, int64_t kernel_h, int64_t quads, int64_t step, int64_t count, const int32_t *words,
-        __m512i correction, const BlockOut &o, char *out, int64_t channels, int64_t item, int32_t *tile) {
+        int64_t block_stride, __m512i correction, const BlockOut &o, char *out, int64_t channels, int64_t item,
+        int32_t *tile) {
     const uint8_t *at[MAX_KERNEL_H];
     int64_t p = 0;
     for (; p + POSITIONS <= count; p += POSITIONS) {
         for (int64_t ky = 0; ky < kernel_h; ++ky) at[ky] = rows[ky] + p * step;
-        block_positions<POSITIONS, S>(at, kernel_h, quads, step, words, correction, o, out + p * channels * item,
-                                      channels, tile + p * LANES);
+        block_positions<POSITIONS, S>(at, kernel_h, quads, step, words, block_stride, correction, o,
+                                      out + p * channels * item, channels, tile + p * LANES);
     }
     for (; p < count; ++p) {
         for (int64_t ky = 0; ky < kernel_h; ++ky) at[ky] = rows[ky] + p * step;
-        block_positions<1, S>(at, kernel_h, quads, step, words, correction, o, out + p * channels * item, channels,
-                              tile + p * LANES);
+        block_positions<1, S>(at, kernel_h, quads, step, words, block_stride, correction, o,
+                              out + p * channels * item, channels, tile + p * LANES);
     }
 }
 
 // One task: image n's block b over output rows [oy0, oy1), its quad rows built first.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void run_task(
         const uint8_t *src, bool signed_src, uint8_t padding, const lpt_s16::Geometry &g, int64_t h, int64_t w,
-        const Weights &weights, const lpt_s16::Epilogue &e, int64_t n, int64_t b, int64_t oy0, int64_t oy1,
+        const lpt_stem::Weights &weights, const lpt_s16::Epilogue &e, int64_t n, int64_t b, int64_t oy0, int64_t oy1,
         int64_t quad_columns, char *out) {
     const int64_t out_h = g.out_h(h), out_w = g.out_w(w), c = g.out_channels, row_bytes = quad_columns * QUAD;
     const int64_t first_row = oy0 * g.stride_h, rows = (oy1 - 1 - oy0) * g.stride_h + g.kernel_h;
@@ -158,7 +160,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
         padded_row(src, signed_src, padding, g, n, h, w, b, first_row + r, quad_columns + 3, line.data());
         quad_row(line.data(), quad_columns, quads.data() + r * row_bytes);
     }
-    const int32_t *words = weights.words.data() + b * g.kernel_h * weights.quads * LANES;
+    const int32_t *words = weights.words.data() + b * LANES;
+    const int64_t weight_quads = weights.words_per_row, block_stride = weights.blocks * LANES;
     const __m512i correction = _mm512_mullo_epi32(_mm512_set1_epi32(padding),
                                                   _mm512_loadu_si512(weights.sums.data() + b * LANES));
     const int64_t valid = std::min(LANES, c - b * LANES), step = g.stride_w * QUAD;
@@ -182,7 +185,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
             for (int64_t ky = 0; ky < g.kernel_h; ++ky)
                 at[ky] = quads.data() + ((oy - oy0) * g.stride_h + ky) * row_bytes + x0 * step;
             char *to = out + ((n * out_h + oy) * out_w + x0) * c * item;
-            run(at, g.kernel_h, weights.quads, step, count, words, correction, o, to + b * LANES * item, c, item, tile);
+            run(at, g.kernel_h, weight_quads, step, count, words, block_stride, correction, o, to + b * LANES * item, c,
+                item, tile);
             if (kind == Stage::tile)
                 lpt_s16::stage_columns(e, tile, nullptr, count, b * LANES, valid, LANES, to, c);
         }
@@ -201,36 +205,19 @@ bool fits(const lpt_s16::Geometry &g) {
     return g.in_channels == g.out_channels && g.dilation_h == 1 && g.dilation_w == 1 && g.kernel_h <= MAX_KERNEL_H;
 }
 
-Weights pack(const int8_t *weights, const lpt_s16::Geometry &g) {
-    Weights p;
-    p.quads = (g.kernel_w + 3) / 4;
-    p.blocks = (g.out_channels + LANES - 1) / LANES;
-    p.words.assign(p.blocks * g.kernel_h * p.quads * LANES, 0);
-    p.sums.assign(p.blocks * LANES, 0);
-    int8_t *bytes = reinterpret_cast<int8_t *>(p.words.data());
-    for (int64_t c = 0; c < g.out_channels; ++c)
-        for (int64_t ky = 0; ky < g.kernel_h; ++ky)
-            for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
-                const int8_t v = weights[(c * g.kernel_h + ky) * g.kernel_w + kx];
-                const int64_t word = ((c / LANES * g.kernel_h + ky) * p.quads + kx / 4) * LANES + c % LANES;
-                bytes[word * 4 + kx % 4] = v;
-                p.sums[c] += v;
-            }
-    return p;
-}
-
 void convolve_staged(const uint8_t *src, bool signed_src, int zero_point, const lpt_s16::Geometry &g, int64_t images,
-                     int64_t h, int64_t w, const Weights &weights, const lpt_s16::Epilogue &e, void *out, int threads) {
+                     int64_t h, int64_t w, const lpt_stem::Weights &weights, const lpt_s16::Epilogue &e, void *out,
+                     int threads) {
     const int64_t out_h = g.out_h(h), out_w = g.out_w(w);
     // quad x is read by positions up to the last one's last quad
-    const int64_t quad_columns = (out_w - 1) * g.stride_w + 4 * (weights.quads - 1) + 1;
+    const int64_t quad_columns = (out_w - 1) * g.stride_w + 4 * (weights.words_per_row - 1) + 1;
     const int64_t fitting = (QUAD_BAND_BYTES / (quad_columns * QUAD) - g.kernel_h) / g.stride_h + 1;
     const int64_t band = std::clamp<int64_t>(fitting, 1, out_h), bands = (out_h + band - 1) / band;
     const int64_t blocks = weights.blocks, tasks = images * blocks * bands;
     const uint8_t padding = (uint8_t)(zero_point + (signed_src ? 128 : 0));
     const double products = (double)images * out_h * out_w * g.out_channels * g.kernel_h * g.kernel_w;
     const lpt_s16::Geometry *geometry = &g;
-    const Weights *packed = &weights;
+    const lpt_stem::Weights *packed = &weights;
     const lpt_s16::Epilogue *stage = &e;
     char *to = static_cast<char *>(out);
     lpt_parallel::for_each(products >= PARALLEL_PRODUCTS ? threads : 1, tasks, [=](int64_t task) {

@@ -11,9 +11,9 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "s16.h"
+#include "stem.h"
 
 namespace lpt_dw {
 
@@ -24,20 +24,12 @@ bool supported();
 // 2-D): any kernel, stride and padding, no dilation.
 bool fits(const lpt_s16::Geometry &g);
 
-// The weights [C, 1, KH, KW] as the kernel reads them: per block of sixteen channels, kernel row and quad of
-// taps, each channel's four bytes (zeros past kw and past C); and each channel's sum of weights, which the
-// source's zero point times gives the accumulators' correction.
-struct Weights {
-    std::vector<int32_t, lpt_s16::CacheLineAllocator<int32_t>> words;  // [blocks][KH][quads][16]
-    std::vector<int32_t> sums;                                         // [blocks · 16]
-    int64_t quads = 0, blocks = 0;
-};
-Weights pack(const int8_t *weights, const lpt_s16::Geometry &g);
-
 // out [images, out_h·out_w, C] (float32, uint8 or int8 as `e` says) = the output stage (lpt_s16::stage_columns)
-// of the convolution of src (u8, or s8 with `signed_src`; channels-last [N, H, W, C]) less its zero point.
-// Needs supported() and fits(g).
+// of the convolution of src (u8, or s8 with `signed_src`; channels-last [N, H, W, C]) less its zero point, by
+// `weights` [C, 1, KH, KW] packed as the stem kernel's of one input channel (lpt_stem::pack: per kernel row, quad
+// of taps and block of sixteen channels, each channel's four bytes). Needs supported() and fits(g).
 void convolve_staged(const uint8_t *src, bool signed_src, int zero_point, const lpt_s16::Geometry &g, int64_t images,
-                     int64_t h, int64_t w, const Weights &weights, const lpt_s16::Epilogue &e, void *out, int threads);
+                     int64_t h, int64_t w, const lpt_stem::Weights &weights, const lpt_s16::Epilogue &e, void *out,
+                     int threads);
 
 }  // namespace lpt_dw

@@ -30,7 +30,8 @@ bool fits(const lpt_s16::Geometry &g, const lpt_s16::Epilogue &e);
 
 // The weights [OC, C, KH, KW] as the kernel reads them: per kernel row, word and block of sixteen output
 // channels, each channel's four bytes (zeros past the row's kw·C and past OC); and each channel's sum of
-// weights, which the source's zero point times gives the accumulators' correction.
+// weights, which the source's zero point times gives the accumulators' correction. lpt_dw's depthwise kernel reads
+// its [C, 1, KH, KW] packed so too, as the weights of one input channel.
 struct Weights {
     std::vector<int32_t, lpt_s16::CacheLineAllocator<int32_t>> words;  // [KH][words][blocks][16]
     std::vector<int32_t> sums;                                         // [blocks · 16]
